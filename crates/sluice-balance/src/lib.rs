@@ -1,0 +1,1 @@
+//! Overload balancing: JSQ and JSQ with job tagging (seed 001).

@@ -1,0 +1,1 @@
+//! Topology analysis and synthesis for Sluice clusters (seed 000).

@@ -1,0 +1,1 @@
+//! Deterministic simulation that drives Sluice's production state machines.

@@ -1,0 +1,44 @@
+//! `sluice`: the one binary. Parses arguments and calls a library; nothing else lives here.
+#![allow(clippy::print_stdout)] // a command-line tool prints its results
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// Sluice — a distributed rate limiter that decides every request locally and still keeps
+/// the global limit.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the limiting algorithms at work on a bursty trace (the README's main job).
+    Demo(cmd::demo::Args),
+    /// Replay a recorded trace through a limiting algorithm: one decision per request.
+    Replay(cmd::replay::Args),
+    /// Run a simulation experiment.
+    Sim(cmd::sim::Args),
+    /// Analyse a topology: convergence, robustness, optimal update cycle and weights.
+    Analyze(cmd::analyze::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
+        Command::Analyze(a) => cmd::analyze::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
