@@ -1,0 +1,63 @@
+//! Targets (seed 000 tooling): analysis of a 1,000-node topology in ≤ 2 s; weight synthesis
+//! for 100 nodes in ≤ 60 s. Run: `cargo bench -p sluice-graph --bench graph`.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use sluice_graph::{Analysis, Noise, SolverOptions, Topology, fastest_weights, robust_weights};
+
+fn analysis(c: &mut Criterion) {
+    let mut g = c.benchmark_group("analysis");
+    g.sample_size(10);
+    let t = Topology::random_regular(1000, 4, 0).unwrap();
+    g.bench_function("random-regular:1000:4", |b| {
+        b.iter(|| Analysis::new(black_box(&t), None, &Noise::Iid { sigma: 1.0 }).unwrap())
+    });
+    let grid = Topology::grid(25, 40).unwrap();
+    g.bench_function("grid:25x40", |b| {
+        b.iter(|| Analysis::new(black_box(&grid), None, &Noise::Iid { sigma: 1.0 }).unwrap())
+    });
+    g.finish();
+}
+
+fn synthesis(c: &mut Criterion) {
+    let mut g = c.benchmark_group("synthesis");
+    g.sample_size(10);
+    let t = Topology::random_regular(100, 4, 0).unwrap();
+    let gamma = Analysis::new(&t, None, &Noise::Iid { sigma: 1.0 })
+        .unwrap()
+        .gamma_opt;
+    g.bench_function("fastest random-regular:100:4", |b| {
+        b.iter(|| fastest_weights(black_box(&t), gamma, SolverOptions::default()).unwrap())
+    });
+    g.bench_function("robust random-regular:100:4", |b| {
+        b.iter(|| {
+            robust_weights(
+                black_box(&t),
+                gamma,
+                &Noise::Iid { sigma: 1.0 },
+                SolverOptions::default(),
+            )
+            .unwrap()
+        })
+    });
+    // Denser: m = 500 links, so the m×m Newton systems dominate.
+    let dense = Topology::random_regular(100, 10, 0).unwrap();
+    let gamma = Analysis::new(&dense, None, &Noise::Iid { sigma: 1.0 })
+        .unwrap()
+        .gamma_opt;
+    g.bench_function("fastest random-regular:100:10", |b| {
+        b.iter(|| fastest_weights(black_box(&dense), gamma, SolverOptions::default()).unwrap())
+    });
+    g.bench_function("robust random-regular:100:10", |b| {
+        b.iter(|| {
+            let noise = Noise::Iid { sigma: 1.0 };
+            robust_weights(black_box(&dense), gamma, &noise, SolverOptions::default()).unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, analysis, synthesis);
+criterion_main!(benches);

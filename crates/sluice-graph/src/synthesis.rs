@@ -1,0 +1,422 @@
+//! Weight synthesis (seed 000 §5.2): the fastest weights (SDP 33) and the most robust
+//! weights (problem 34 / SDP 35) on a fixed set of links, for a given γ and Cov(v).
+//!
+//! Both are solved in pure Rust by the barrier method (Boyd & Vandenberghe §11.3): damped
+//! Newton on `t·objective + barrier`, `t` growing geometrically. The variables are the `m`
+//! link weights (plus θ for SDP 33), never an n×n matrix, so each Newton step costs
+//! O(n³ + m³) with the rank-one structure `L_e = u_e u_eᵀ`, `u_e = e_a − e_b`.
+//!
+//! Every answer carries a certificate: a Lagrangian lower bound on the optimum, built from
+//! the final point and checked in closed form (no trust in the iterations), and the duality
+//! gap `objective − lower_bound`. Both bounds use that every link weight of a candidate at
+//! least as good lies in a box `0 ≤ w_e ≤ W`, because `λn ≥ 2·w_e` (`L ⪰ w_e·L_e`).
+
+use faer::linalg::solvers::{DenseSolveCore, Solve};
+use faer::{Mat, Side};
+
+use crate::analysis::{phi_cr, require_connected};
+use crate::{GraphError, Noise, Spectrum, Topology};
+
+/// Stopping rule and budget of the barrier method.
+#[derive(Debug, Clone, Copy)]
+pub struct SolverOptions {
+    /// Stop when the barrier's gap bound falls below `tolerance · max(1, objective)`.
+    pub tolerance: f64,
+    /// Total Newton steps allowed.
+    pub max_newton_steps: usize,
+}
+
+impl Default for SolverOptions {
+    fn default() -> Self {
+        Self {
+            tolerance: 1e-8,
+            max_newton_steps: 3000,
+        }
+    }
+}
+
+/// Synthesised weights with their certificate.
+#[derive(Debug, Clone)]
+pub struct Synthesis {
+    /// The topology with the synthesised weights.
+    pub topology: Topology,
+    /// The objective at those weights (Φ_cr for fastest, Φ_ss for robust), computed afresh.
+    pub objective: f64,
+    /// A certified lower bound on the optimum of the problem (Lagrangian dual value).
+    pub lower_bound: f64,
+    /// `objective − lower_bound`: how far from optimal the answer can be at most.
+    pub duality_gap: f64,
+    /// Newton steps taken.
+    pub newton_steps: usize,
+}
+
+/// `u_eᵀ X u_f` for links e = {a, b}, f = {c, d}.
+#[inline]
+fn quad(x: &Mat<f64>, e: (usize, usize), f: (usize, usize)) -> f64 {
+    x[(e.0, f.0)] - x[(e.0, f.1)] - x[(e.1, f.0)] + x[(e.1, f.1)]
+}
+
+/// Σ_e w_e L_e without building a [`Topology`].
+fn weighted_laplacian(n: usize, links: &[(usize, usize)], w: &[f64]) -> Mat<f64> {
+    let mut l = Mat::<f64>::zeros(n, n);
+    for (&(a, b), &x) in links.iter().zip(w) {
+        l[(a, a)] += x;
+        l[(b, b)] += x;
+        l[(a, b)] -= x;
+        l[(b, a)] -= x;
+    }
+    l
+}
+
+/// Cholesky-based inverse and log-determinant; `None` when not positive definite.
+fn inv_logdet(a: &Mat<f64>) -> Option<(Mat<f64>, f64)> {
+    let llt = a.llt(Side::Lower).ok()?;
+    let l = llt.L();
+    let logdet = 2.0 * (0..a.nrows()).map(|i| l[(i, i)].ln()).sum::<f64>();
+    logdet.is_finite().then(|| (llt.inverse(), logdet))
+}
+
+fn logdet(a: &Mat<f64>) -> Option<f64> {
+    let llt = a.llt(Side::Lower).ok()?;
+    let l = llt.L();
+    let v = 2.0 * (0..a.nrows()).map(|i| l[(i, i)].ln()).sum::<f64>();
+    v.is_finite().then_some(v)
+}
+
+/// Below this Newton decrement λ², steps are taken in full (the quadratic phase).
+const PURE_NEWTON_DECREMENT: f64 = 1e-3;
+/// Full steps allowed per centering; quadratic convergence needs a handful.
+const MAX_PURE_STEPS: usize = 12;
+
+/// Newton has converged at this `t`: the decrement λ²/2 is below 1e-10. (When rounding
+/// stops the barrier value `phi` from decreasing first, the line search ends centering.)
+fn centred(decrement: f64, _phi: f64) -> bool {
+    decrement / 2.0 <= 1e-10
+}
+
+/// Solves `H x = −g` for symmetric positive definite `H` (tiny ridge if needed).
+fn newton_direction(h: &Mat<f64>, g: &[f64]) -> Result<Vec<f64>, GraphError> {
+    let k = g.len();
+    let rhs = Mat::from_fn(k, 1, |i, _| -g[i]);
+    let mut ridge = 0.0;
+    let scale = (0..k)
+        .map(|i| h[(i, i)].abs())
+        .fold(0.0, f64::max)
+        .max(1e-300);
+    for _ in 0..8 {
+        let hr = Mat::from_fn(k, k, |i, j| h[(i, j)] + if i == j { ridge } else { 0.0 });
+        if let Ok(llt) = hr.llt(Side::Lower) {
+            let x = llt.solve(&rhs);
+            let v: Vec<f64> = (0..k).map(|i| x[(i, 0)]).collect();
+            if v.iter().all(|x| x.is_finite()) {
+                return Ok(v);
+            }
+        }
+        ridge = if ridge == 0.0 {
+            1e-14 * scale
+        } else {
+            ridge * 100.0
+        };
+    }
+    Err(GraphError::Numerical(
+        "Newton system is not positive definite".into(),
+    ))
+}
+
+/// Structural setup shared by both problems: unit-weight connectivity and the link list.
+fn setup(topology: &Topology, gamma: f64) -> Result<(Vec<(usize, usize)>, f64), GraphError> {
+    if !(gamma.is_finite() && gamma > 0.0) {
+        return Err(GraphError::BadGamma(gamma));
+    }
+    let unit = topology.with_weights(&vec![1.0; topology.edges().len()])?;
+    require_connected(&unit)?;
+    let links = topology.edges().iter().map(|e| (e.a, e.b)).collect();
+    // Start at uniform weights with γλn = 1: stable, and strictly inside both domains.
+    let lambda_n = Spectrum::of(&unit)?.lambda_n();
+    Ok((links, 1.0 / (gamma * lambda_n)))
+}
+
+/// The fastest weights for update cycle `gamma`: minimise Φ_cr = max_{i≥2}|1 − γλ_i| over
+/// w ≥ 0 on the links of `topology` (seed 000 eq. 32, SDP 33).
+pub fn fastest_weights(
+    topology: &Topology,
+    gamma: f64,
+    opts: SolverOptions,
+) -> Result<Synthesis, GraphError> {
+    let (links, w0) = setup(topology, gamma)?;
+    let n = topology.nodes();
+    let m = links.len();
+    let inv_n = 1.0 / n as f64;
+    // B(w) = I − 11ᵀ/n − γ L(w); the SDP is min θ s.t. −θI ⪯ B(w) ⪯ θI, w ≥ 0.
+    let b_of = |w: &[f64]| -> Mat<f64> {
+        let l = weighted_laplacian(n, &links, w);
+        Mat::from_fn(n, n, |i, j| {
+            (if i == j { 1.0 } else { 0.0 }) - inv_n - gamma * l[(i, j)]
+        })
+    };
+    let shifted = |b: &Mat<f64>, theta: f64, sign: f64| {
+        Mat::from_fn(n, n, |i, j| {
+            sign * b[(i, j)] + if i == j { theta } else { 0.0 }
+        })
+    };
+    // Barrier objective; None outside the domain.
+    let phi = |t: f64, w: &[f64], theta: f64| -> Option<f64> {
+        if w.iter().any(|&x| !(x > 0.0 && x.is_finite())) || !theta.is_finite() {
+            return None;
+        }
+        let b = b_of(w);
+        let l1 = logdet(&shifted(&b, theta, -1.0))?;
+        let l2 = logdet(&shifted(&b, theta, 1.0))?;
+        Some(t * theta - l1 - l2 - w.iter().map(|x| x.ln()).sum::<f64>())
+    };
+
+    let mut w = vec![w0; m];
+    let mut theta = 1.5;
+    let nu = (2 * n + m) as f64;
+    let mut t = nu;
+    let mut steps = 0;
+    let k = m + 1;
+    'outer: loop {
+        // Centering by damped Newton.
+        let mut pure_steps = 0;
+        loop {
+            if steps >= opts.max_newton_steps {
+                break 'outer;
+            }
+            steps += 1;
+            let b = b_of(&w);
+            let (s1, _) = inv_logdet(&shifted(&b, theta, -1.0))
+                .ok_or_else(|| GraphError::Numerical("left the domain".into()))?;
+            let (s2, _) = inv_logdet(&shifted(&b, theta, 1.0))
+                .ok_or_else(|| GraphError::Numerical("left the domain".into()))?;
+            let s1s = &s1 * &s1;
+            let s2s = &s2 * &s2;
+            let mut g = vec![0.0; k];
+            let mut h = Mat::<f64>::zeros(k, k);
+            for (e, &le) in links.iter().enumerate() {
+                g[e] = gamma * (quad(&s2, le, le) - quad(&s1, le, le)) - 1.0 / w[e];
+                for (f, &lf) in links.iter().enumerate().take(e + 1) {
+                    let (q1, q2) = (quad(&s1, le, lf), quad(&s2, le, lf));
+                    let v = gamma * gamma * (q1 * q1 + q2 * q2)
+                        + if e == f { 1.0 / (w[e] * w[e]) } else { 0.0 };
+                    h[(e, f)] = v;
+                    h[(f, e)] = v;
+                }
+                let v = gamma * (quad(&s1s, le, le) - quad(&s2s, le, le));
+                h[(e, m)] = v;
+                h[(m, e)] = v;
+            }
+            let tr = |x: &Mat<f64>| (0..n).map(|i| x[(i, i)]).sum::<f64>();
+            g[m] = t - tr(&s1) - tr(&s2);
+            h[(m, m)] = tr(&s1s) + tr(&s2s);
+            let dx = newton_direction(&h, &g)?;
+            let decrement: f64 = -g.iter().zip(&dx).map(|(a, b)| a * b).sum::<f64>();
+            let f0 = phi(t, &w, theta).ok_or_else(|| GraphError::Numerical("domain".into()))?;
+            if centred(decrement, f0) || pure_steps >= MAX_PURE_STEPS {
+                break;
+            }
+            // Near the centre a full Newton step is safe (quadratic convergence); there the
+            // barrier value is compared no longer, as rounding at large t would stall it.
+            let pure = decrement < PURE_NEWTON_DECREMENT;
+            pure_steps += usize::from(pure);
+            let mut s = 1.0;
+            let mut moved = false;
+            for _ in 0..60 {
+                let wn: Vec<f64> = w.iter().zip(&dx).map(|(a, d)| a + s * d).collect();
+                let tn = theta + s * dx[m];
+                if let Some(f1) = phi(t, &wn, tn)
+                    && (pure || f1 <= f0 - 0.25 * s * decrement)
+                {
+                    w = wn;
+                    theta = tn;
+                    moved = true;
+                    break;
+                }
+                s *= 0.5;
+            }
+            if !moved {
+                break; // numerical floor reached at this t
+            }
+        }
+        if nu / t < opts.tolerance {
+            break;
+        }
+        t *= 8.0;
+    }
+
+    // Certificate. Dual point from the central path: Z1 = (θI − B)⁻¹, Z2 = (θI + B)⁻¹,
+    // scaled so Tr Z1 + Tr Z2 = 1. For any feasible (θ, w) in the box,
+    // θ ≥ ⟨Z1 − Z2, I − 11ᵀ/n⟩ + γ Σ_e w_e u_eᵀ(Z2 − Z1)u_e.
+    let weighted = topology.with_weights(&w)?;
+    let spec = Spectrum::of(&weighted)?;
+    let objective = phi_cr(spec.lambda2(), spec.lambda_n(), gamma);
+    let b = b_of(&w);
+    let (z1, _) = inv_logdet(&shifted(&b, theta, -1.0))
+        .ok_or_else(|| GraphError::Numerical("final point outside the domain".into()))?;
+    let (z2, _) = inv_logdet(&shifted(&b, theta, 1.0))
+        .ok_or_else(|| GraphError::Numerical("final point outside the domain".into()))?;
+    let trace_sum: f64 = (0..n).map(|i| z1[(i, i)] + z2[(i, i)]).sum();
+    let d = Mat::from_fn(n, n, |i, j| (z1[(i, j)] - z2[(i, j)]) / trace_sum);
+    let row_sums: Vec<f64> = (0..n).map(|i| (0..n).map(|j| d[(i, j)]).sum()).collect();
+    let mut lower = (0..n).map(|i| d[(i, i)]).sum::<f64>() - inv_n * row_sums.iter().sum::<f64>();
+    // Any weights at least as good as ours have γλn ≤ 1 + objective, so w_e ≤ (1 + obj)/(2γ).
+    let box_w = (1.0 + objective) / (2.0 * gamma);
+    for &le in &links {
+        let q = -quad(&d, le, le); // u_eᵀ(Z2 − Z1)u_e, normalised
+        lower += (gamma * box_w * q).min(0.0);
+    }
+    let lower_bound = lower.max(0.0); // Φ_cr ≥ 0 always
+    Ok(Synthesis {
+        topology: weighted,
+        objective,
+        lower_bound,
+        duality_gap: (objective - lower_bound).max(0.0),
+        newton_steps: steps,
+    })
+}
+
+/// The most robust weights for update cycle `gamma` and demand noise `noise`: minimise
+/// Φ_ss = 1/(2γ)·Trace[(L − γ/2·L²)† Cov(v)] over w ≥ 0 with the iteration stable
+/// (seed 000 problem 34 / SDP 35).
+///
+/// Uses (L − γ/2·L²)† = (L + 11ᵀ/n)⁻¹ + γ(2I − γL)⁻¹ − (1 + γ/2)·11ᵀ/n, which follows from
+/// 2/(λ(2 − γλ)) = 1/λ + γ/(2 − γλ): two traces of inverses of matrices affine in w,
+/// convex, with closed-form gradient and Hessian.
+pub fn robust_weights(
+    topology: &Topology,
+    gamma: f64,
+    noise: &Noise,
+    opts: SolverOptions,
+) -> Result<Synthesis, GraphError> {
+    let (links, w0) = setup(topology, gamma)?;
+    let n = topology.nodes();
+    let m = links.len();
+    let inv_n = 1.0 / n as f64;
+    let cov = noise.covariance(n, gamma)?;
+    let ones_c_ones: f64 = (0..n)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .map(|ij| cov[ij])
+        .sum();
+    let constant = (1.0 + 0.5 * gamma) * ones_c_ones * inv_n;
+    let tr_prod = |a: &Mat<f64>| -> f64 {
+        (0..n)
+            .flat_map(|i| (0..n).map(move |j| (i, j)))
+            .map(|(i, j)| a[(i, j)] * cov[(j, i)])
+            .sum()
+    };
+    // (A1, A2) = (L + 11ᵀ/n, 2I − γL).
+    let mats = |w: &[f64]| -> Option<(Mat<f64>, Mat<f64>)> {
+        if w.iter().any(|&x| !(x > 0.0 && x.is_finite())) {
+            return None;
+        }
+        let l = weighted_laplacian(n, &links, w);
+        let a1 = Mat::from_fn(n, n, |i, j| l[(i, j)] + inv_n);
+        let a2 = Mat::from_fn(
+            n,
+            n,
+            |i, j| if i == j { 2.0 } else { 0.0 } - gamma * l[(i, j)],
+        );
+        Some((a1, a2))
+    };
+    // Φ_ss and the inverses; None outside the domain (disconnected or unstable).
+    let eval = |w: &[f64]| -> Option<(f64, Mat<f64>, Mat<f64>)> {
+        let (a1, a2) = mats(w)?;
+        let (s1, _) = inv_logdet(&a1)?;
+        let (s2, _) = inv_logdet(&a2)?;
+        let f = (tr_prod(&s1) + gamma * tr_prod(&s2) - constant) / (2.0 * gamma);
+        Some((f, s1, s2))
+    };
+    let gradient = |s1: &Mat<f64>, s2: &Mat<f64>| -> (Vec<f64>, Mat<f64>, Mat<f64>) {
+        let p1 = s1 * &cov * s1;
+        let p2 = s2 * &cov * s2;
+        let g = links
+            .iter()
+            .map(|&le| -quad(&p1, le, le) / (2.0 * gamma) + 0.5 * gamma * quad(&p2, le, le))
+            .collect();
+        (g, p1, p2)
+    };
+    let barrier = |t: f64, f: f64, w: &[f64]| t * f - w.iter().map(|x| x.ln()).sum::<f64>();
+
+    let mut w = vec![w0; m];
+    let (f_start, _, _) =
+        eval(&w).ok_or_else(|| GraphError::Numerical("uniform start is not stable".into()))?;
+    let nu = m as f64;
+    let mut t = nu / f_start.max(1e-300);
+    let mut steps = 0;
+    'outer: loop {
+        let mut pure_steps = 0;
+        loop {
+            if steps >= opts.max_newton_steps {
+                break 'outer;
+            }
+            steps += 1;
+            let (f, s1, s2) = eval(&w).ok_or_else(|| GraphError::Numerical("domain".into()))?;
+            let (gf, p1, p2) = gradient(&s1, &s2);
+            let g: Vec<f64> = gf
+                .iter()
+                .zip(&w)
+                .map(|(gi, wi)| t * gi - 1.0 / wi)
+                .collect();
+            let mut h = Mat::<f64>::zeros(m, m);
+            for (e, &le) in links.iter().enumerate() {
+                for (f2, &lf) in links.iter().enumerate().take(e + 1) {
+                    let hf = quad(&s1, le, lf) * quad(&p1, le, lf) / gamma
+                        + gamma * gamma * quad(&s2, le, lf) * quad(&p2, le, lf);
+                    let v = t * hf + if e == f2 { 1.0 / (w[e] * w[e]) } else { 0.0 };
+                    h[(e, f2)] = v;
+                    h[(f2, e)] = v;
+                }
+            }
+            let dx = newton_direction(&h, &g)?;
+            let decrement: f64 = -g.iter().zip(&dx).map(|(a, b)| a * b).sum::<f64>();
+            let f0 = barrier(t, f, &w);
+            if centred(decrement, f0) || pure_steps >= MAX_PURE_STEPS {
+                break;
+            }
+            // Near the centre a full Newton step is safe (quadratic convergence); there the
+            // barrier value is compared no longer, as rounding at large t would stall it.
+            let pure = decrement < PURE_NEWTON_DECREMENT;
+            pure_steps += usize::from(pure);
+            let mut s = 1.0;
+            let mut moved = false;
+            for _ in 0..60 {
+                let wn: Vec<f64> = w.iter().zip(&dx).map(|(a, d)| a + s * d).collect();
+                if let Some((f1, _, _)) = eval(&wn)
+                    && (pure || barrier(t, f1, &wn) <= f0 - 0.25 * s * decrement)
+                {
+                    w = wn;
+                    moved = true;
+                    break;
+                }
+                s *= 0.5;
+            }
+            if !moved {
+                break;
+            }
+        }
+        let (f, _, _) = eval(&w).ok_or_else(|| GraphError::Numerical("domain".into()))?;
+        if nu / t < opts.tolerance * f.max(1.0) {
+            break;
+        }
+        t *= 8.0;
+    }
+
+    // Certificate: Φ_ss is convex, so Φ* ≥ Φ(w) + min over the box of ∇Φ(w)ᵀ(w' − w), with
+    // the box 0 ≤ w'_e ≤ 1/γ (stability needs λn < 2/γ, and λn ≥ 2w_e).
+    let (objective, s1, s2) =
+        eval(&w).ok_or_else(|| GraphError::Numerical("final point outside the domain".into()))?;
+    let (g, _, _) = gradient(&s1, &s2);
+    let box_w = 1.0 / gamma;
+    let lower_bound = objective
+        + g.iter()
+            .zip(&w)
+            .map(|(gi, wi)| (-gi * wi).min(gi * (box_w - wi)))
+            .sum::<f64>();
+    Ok(Synthesis {
+        topology: topology.with_weights(&w)?,
+        objective,
+        lower_bound,
+        duality_gap: (objective - lower_bound).max(0.0),
+        newton_steps: steps,
+    })
+}
