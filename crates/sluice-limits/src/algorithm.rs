@@ -15,8 +15,9 @@ use crate::limit::Limit;
 /// Contract (checked by the property tests of every algorithm):
 /// - `peek` never changes state and answers what `check` would answer at the same instant;
 /// - `check` with a denial leaves the state as `peek` would (a refused request costs nothing);
-/// - time never goes backwards for a given state: a `now` earlier than one already seen is
-///   treated as that earlier-seen time, never as a panic;
+/// - a `now` earlier than one the state has already seen is never a panic, and never admits
+///   more than deciding at the latest time seen would (most algorithms decide as at that
+///   latest time; GCRA, whose whole state is one timestamp, decides at the `now` given);
 /// - after a change of limit at time t0, every guarantee stated by the algorithm holds for
 ///   intervals starting at or after t0.
 pub trait Algorithm {

@@ -32,7 +32,9 @@ impl SystemClock {
     /// A clock whose epoch is now.
     #[must_use]
     pub fn new() -> Self {
-        Self { origin: Instant::now() }
+        Self {
+            origin: Instant::now(),
+        }
     }
 }
 
@@ -58,7 +60,9 @@ impl ManualClock {
     /// A clock reading `start`.
     #[must_use]
     pub fn new(start: Nanos) -> Self {
-        Self { now: AtomicU64::new(start) }
+        Self {
+            now: AtomicU64::new(start),
+        }
     }
 
     /// Moves the clock forward by `d`.

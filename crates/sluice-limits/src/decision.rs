@@ -25,12 +25,29 @@ impl Decision {
     /// An admitted request.
     #[must_use]
     pub fn allow(limit: u64, remaining: u64, reset_after: Nanos) -> Self {
-        Self { allowed: true, limit, remaining, reset_after, retry_after: Some(0) }
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: Some(0),
+        }
     }
 
     /// A refused request that may succeed after `retry_after` (`None`: never).
     #[must_use]
-    pub fn deny(limit: u64, remaining: u64, reset_after: Nanos, retry_after: Option<Nanos>) -> Self {
-        Self { allowed: false, limit, remaining, reset_after, retry_after }
+    pub fn deny(
+        limit: u64,
+        remaining: u64,
+        reset_after: Nanos,
+        retry_after: Option<Nanos>,
+    ) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after,
+            retry_after,
+        }
     }
 }

@@ -17,7 +17,9 @@ pub enum LimitError {
     #[error("the burst of a limit must be at least 1 (got 0)")]
     ZeroBurst,
     /// A textual limit could not be parsed.
-    #[error("cannot parse limit {text:?}: {reason} (expected N/DURATION, e.g. 100/1s, 10/100ms, 5000/1m)")]
+    #[error(
+        "cannot parse limit {text:?}: {reason} (expected N/DURATION, e.g. 100/1s, 10/100ms, 5000/1m)"
+    )]
     Parse {
         /// The text given.
         text: String,
@@ -62,7 +64,11 @@ impl Limit {
         if period == 0 {
             return Err(LimitError::ZeroPeriod);
         }
-        Ok(Self { count, period, burst: count })
+        Ok(Self {
+            count,
+            period,
+            burst: count,
+        })
     }
 
     /// The same rate with another burst.
@@ -114,9 +120,15 @@ impl std::str::FromStr for Limit {
     /// Parses `N/DURATION`, where DURATION is a number with a unit `ns`, `us`, `ms`, `s`,
     /// `m`, `h` or `d` (`100/1s`, `10/100ms`), or a bare unit (`100/s`, `5000/minute`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| LimitError::Parse { text: s.to_string(), reason };
+        let err = |reason| LimitError::Parse {
+            text: s.to_string(),
+            reason,
+        };
         let (n, d) = s.trim().split_once('/').ok_or_else(|| err("missing '/'"))?;
-        let count: u64 = n.trim().parse().map_err(|_| err("the count is not a whole number"))?;
+        let count: u64 = n
+            .trim()
+            .parse()
+            .map_err(|_| err("the count is not a whole number"))?;
         let period = parse_duration(d.trim()).ok_or_else(|| err("unknown duration"))?;
         Self::from_nanos(count, period)
     }
@@ -159,7 +171,10 @@ mod tests {
     #[test]
     fn parses_limits() {
         let l: Limit = "100/1s".parse().unwrap();
-        assert_eq!((l.count(), l.period(), l.burst()), (100, 1_000_000_000, 100));
+        assert_eq!(
+            (l.count(), l.period(), l.burst()),
+            (100, 1_000_000_000, 100)
+        );
         let l: Limit = "10/100ms".parse().unwrap();
         assert_eq!(l.period(), 100_000_000);
         let l: Limit = "5/minute".parse().unwrap();
@@ -169,10 +184,22 @@ mod tests {
 
     #[test]
     fn refuses_bad_limits() {
-        assert!(matches!("0/1s".parse::<Limit>(), Err(LimitError::ZeroCount)));
-        assert!(matches!("1/0s".parse::<Limit>(), Err(LimitError::Parse { .. })));
-        assert!(matches!("x/1s".parse::<Limit>(), Err(LimitError::Parse { .. })));
-        assert!(matches!("10".parse::<Limit>(), Err(LimitError::Parse { .. })));
+        assert!(matches!(
+            "0/1s".parse::<Limit>(),
+            Err(LimitError::ZeroCount)
+        ));
+        assert!(matches!(
+            "1/0s".parse::<Limit>(),
+            Err(LimitError::Parse { .. })
+        ));
+        assert!(matches!(
+            "x/1s".parse::<Limit>(),
+            Err(LimitError::Parse { .. })
+        ));
+        assert!(matches!(
+            "10".parse::<Limit>(),
+            Err(LimitError::Parse { .. })
+        ));
         assert!("1/99999999999999999999d".parse::<Limit>().is_err());
         assert!(matches!(
             Limit::new(1, Duration::from_secs(1)).unwrap().with_burst(0),

@@ -1,0 +1,216 @@
+//! Sliding log (seed 002 §3.5): exact, at the price of memory proportional to the count.
+//!
+//! The log keeps the admitted requests of the last `period` as `(time, cumulative cost)`
+//! pairs in a ring buffer, oldest first; requests admitted at the same instant share one
+//! entry. Finding where the window starts is a binary search (seed 002 §3.5 "Complexity"),
+//! and the cumulative costs make the sum over the window a subtraction.
+
+use std::collections::VecDeque;
+
+use crate::algorithm::Algorithm;
+use crate::any::measured_from_caller;
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::limit::Limit;
+
+/// Sliding log.
+///
+/// **Guarantee (exact).** For every `s`, the admitted costs with times in the half-open
+/// interval `[s, s + period)` add up to at most `limit.count()`. A request at `t` is refused
+/// only if admitting it would break that, i.e. when the costs admitted in `(t − period, t]`
+/// plus its own exceed `count`; so a demand of `D` permits arriving at once into an empty log
+/// is served exactly `min(count, D)` (for unit costs, in arrival order).
+///
+/// **Memory.** At most one entry per distinct admission instant in the last `period`, so at
+/// most `count` entries (16 bytes each) after an admission, whatever the traffic.
+///
+/// `limit.burst()` is not used. A request whose cost exceeds `count` is refused with
+/// `retry_after: None`; otherwise `retry_after` is exactly the wait until enough entries
+/// leave the window, and `reset_after` the wait until the newest entry does.
+///
+/// **Limit changes.** The log keeps its timestamps, so a new count or period applies to the
+/// requests already logged: the guarantee holds for every interval starting at or after the
+/// change. (Entries that were older than the period at the last admission are gone, so a
+/// longer period does not see them — they lie before the change.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SlidingLog;
+
+/// Per-key state of a [`SlidingLog`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlidingLogState {
+    /// `(time, cumulative cost)` oldest first. Cumulative costs wrap (`u64`); differences are
+    /// exact because the whole log never holds more than `u64::MAX` permits.
+    entries: VecDeque<(Nanos, u64)>,
+    /// Cumulative cost before the first entry.
+    base: u64,
+    /// Latest admission time seen.
+    last: Nanos,
+}
+
+impl SlidingLogState {
+    /// Number of entries held (memory is 16 bytes per entry).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the log holds no entry.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Cumulative cost relative to `base`: monotone along the log.
+    fn rel(&self, cum: u64) -> u64 {
+        cum.wrapping_sub(self.base)
+    }
+
+    /// Index of the first entry inside `(now − period, now]`.
+    fn first_live(&self, period: Nanos, now: Nanos) -> usize {
+        match now.checked_sub(period) {
+            Some(cutoff) => self.entries.partition_point(|&(t, _)| t <= cutoff),
+            None => 0,
+        }
+    }
+
+    /// Cost logged from entry `i` on.
+    fn sum_from(&self, i: usize) -> u64 {
+        let Some(&(_, end)) = self.entries.back() else {
+            return 0;
+        };
+        let before = if i == 0 {
+            self.base
+        } else {
+            self.entries[i - 1].1
+        };
+        end.wrapping_sub(before)
+    }
+}
+
+impl SlidingLog {
+    /// A sliding log.
+    #[must_use]
+    pub fn new() -> Self {
+        Self
+    }
+
+    fn decide(
+        &self,
+        state: &SlidingLogState,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> (Decision, usize, Nanos) {
+        let early = state.last.saturating_sub(now);
+        let now = now.max(state.last);
+        let (n, period) = (limit.count(), limit.period());
+        let late = |d| measured_from_caller(d, early);
+        let live = state.first_live(period, now);
+        let used = state.sum_from(live);
+        let newest_out = |t: Nanos| t.saturating_add(period).saturating_sub(now);
+        let reset = if used == 0 {
+            0
+        } else {
+            state.entries.back().map_or(0, |&(t, _)| newest_out(t))
+        };
+        let remaining = n.saturating_sub(used);
+        if cost == 0 {
+            return (late(Decision::allow(n, remaining, reset)), live, now);
+        }
+        if cost > n {
+            return (late(Decision::deny(n, remaining, reset, None)), live, now);
+        }
+        if cost <= remaining {
+            return (
+                late(Decision::allow(n, remaining - cost, newest_out(now))),
+                live,
+                now,
+            );
+        }
+        // Entries up to index j must leave: the first j whose suffix after it fits.
+        let end = state.entries.back().map_or(0, |&(_, c)| state.rel(c));
+        let target = end - (n - cost);
+        let j = state
+            .entries
+            .partition_point(|&(_, c)| state.rel(c) < target);
+        let retry = state.entries.get(j).map(|&(t, _)| newest_out(t));
+        (late(Decision::deny(n, remaining, reset, retry)), live, now)
+    }
+}
+
+impl Algorithm for SlidingLog {
+    type State = SlidingLogState;
+
+    fn new_state(&self, _limit: &Limit, _now: Nanos) -> Self::State {
+        SlidingLogState::default()
+    }
+
+    fn check(&self, state: &mut Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        let (decision, live, now) = self.decide(state, limit, now, cost);
+        if decision.allowed && cost > 0 {
+            if live > 0 {
+                state.base = state.entries[live - 1].1;
+                state.entries.drain(..live);
+            }
+            match state.entries.back_mut() {
+                Some((t, c)) if *t == now => *c = c.wrapping_add(cost),
+                back => {
+                    let cum = back.map_or(state.base, |&mut (_, c)| c).wrapping_add(cost);
+                    state.entries.push_back((now, cum));
+                }
+            }
+            state.last = now;
+            // Give memory back after a limit shrank or traffic calmed down.
+            if state.entries.capacity() > 64 && state.entries.len() < state.entries.capacity() / 4 {
+                state.entries.shrink_to(state.entries.len() * 2);
+            }
+        }
+        decision
+    }
+
+    fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        self.decide(state, limit, now, cost).0
+    }
+
+    fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
+        let now = now.max(state.last);
+        state.sum_from(state.first_live(limit.period(), now)) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_retry_after() {
+        let a = SlidingLog;
+        let l = Limit::from_nanos(3, 100).unwrap();
+        let mut s = a.new_state(&l, 0);
+        assert!(a.check(&mut s, &l, 10, 1).allowed);
+        assert!(a.check(&mut s, &l, 20, 1).allowed);
+        assert!(a.check(&mut s, &l, 30, 1).allowed);
+        let d = a.check(&mut s, &l, 40, 2);
+        // Needs the entries of 10 and 20 gone: at 120.
+        assert_eq!(
+            (d.allowed, d.retry_after, d.reset_after),
+            (false, Some(80), 90)
+        );
+        assert!(!a.check(&mut s, &l, 119, 2).allowed);
+        assert!(a.check(&mut s, &l, 120, 2).allowed);
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn same_instant_shares_an_entry_and_wraps_safely() {
+        let a = SlidingLog;
+        let l = Limit::from_nanos(u64::MAX, 10).unwrap();
+        let mut s = a.new_state(&l, 0);
+        for t in 0..5 {
+            assert!(a.check(&mut s, &l, t * 10, u64::MAX / 2).allowed);
+            assert!(a.check(&mut s, &l, t * 10, u64::MAX / 2).allowed);
+            assert!(!a.check(&mut s, &l, t * 10, 2).allowed);
+            assert_eq!(s.len(), 1);
+        }
+    }
+}
