@@ -1,0 +1,472 @@
+//! The decision engine: Envoy RLS v3 `ShouldRateLimit` with envoyproxy/ratelimit's
+//! semantics, as a pure function of the configuration, the per-key state and `now`.
+//!
+//! [`Request`], [`Response`] and [`DescriptorStatus`] mirror the protobuf messages field for
+//! field, so the gRPC and HTTP layers are straight mappings.
+//!
+//! What envoyproxy/ratelimit does, and so does this engine:
+//! - each descriptor gets the rule found by [`crate::Domain::rule_for`], or its own `limit`
+//!   override when it has one (a fixed window; Sluice counts it apart from the configured
+//!   rule's counter, where envoyproxy/ratelimit shares one);
+//! - a rule whose `name` is listed in the `replaces` of another rule matched by the same
+//!   request is dropped: that descriptor gets no limit and its counter is not touched;
+//! - no rule (or a replaced one): `OK`, no `current_limit`, `limit_remaining` 0;
+//! - `unlimited`: `OK`, no `current_limit`, `limit_remaining` `u32::MAX`, nothing counted;
+//! - a limited rule counts `hits_addend` (0 counts as 1) against the counter of the
+//!   descriptor's own key/value pairs — so a key configured without a value has one counter
+//!   per runtime value; `shadow_mode` answers `OK` whatever the count says;
+//! - the overall code is `OVER_LIMIT` if any status is;
+//! - an unknown domain is not an error: every descriptor is answered `OK` with no limit;
+//!   an empty domain or an empty descriptor list is an error ([`RequestError`]).
+//!
+//! Where Sluice differs, on purpose: a refused request is not counted (envoyproxy/ratelimit
+//! increments its Redis counter even past the limit). With `hits_addend` 1 the answers are the
+//! same (once over, a fixed window stays over until it ends); with a larger addend a refused
+//! request leaves its permits to smaller requests, and `limit_remaining` says how many.
+//!
+//! Scope of this engine: it decides from this node's state alone and applies each rule's
+//! whole limit, `coordination: cluster` rules included; dividing a cluster rule's limit
+//! among nodes is the cluster layer's job, which will hand the engine this node's share.
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyedStore, Limit, Nanos, Options};
+
+use crate::config::{
+    Config, ConfigError, ConfigSource, Coordination, Limited, Policy, RateLimit, Rule,
+};
+
+/// One `key: value` pair of a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Entry {
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+}
+
+/// A `RateLimitDescriptor`: entries from the root of the tree downwards.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Descriptor {
+    /// The entries.
+    pub entries: Vec<Entry>,
+    /// The descriptor's own `hits_addend`, overriding the request's when set.
+    pub hits_addend: Option<u64>,
+    /// The descriptor's own `limit` (Envoy's `RateLimitOverride`): when set, and the domain
+    /// is configured, it applies instead of the configured rule.
+    pub limit: Option<RateLimit>,
+}
+
+impl Descriptor {
+    /// A descriptor of these `(key, value)` pairs.
+    pub fn new<K: Into<String>, V: Into<String>>(
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self {
+            entries: entries
+                .into_iter()
+                .map(|(k, v)| Entry {
+                    key: k.into(),
+                    value: v.into(),
+                })
+                .collect(),
+            hits_addend: None,
+            limit: None,
+        }
+    }
+}
+
+/// A `RateLimitRequest`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Request {
+    /// The domain.
+    pub domain: String,
+    /// The descriptors, each decided on its own.
+    pub descriptors: Vec<Descriptor>,
+    /// Permits each descriptor takes (0 counts as 1).
+    pub hits_addend: u32,
+}
+
+impl Request {
+    /// A request of one hit for these descriptors.
+    pub fn new(
+        domain: impl Into<String>,
+        descriptors: impl IntoIterator<Item = Descriptor>,
+    ) -> Self {
+        Self {
+            domain: domain.into(),
+            descriptors: descriptors.into_iter().collect(),
+            hits_addend: 1,
+        }
+    }
+}
+
+/// `RateLimitResponse.Code` (without `UNKNOWN`, which this engine never answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    /// `OK`.
+    Ok,
+    /// `OVER_LIMIT`.
+    OverLimit,
+}
+
+/// `RateLimitResponse.DescriptorStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// The descriptor's code.
+    pub code: Code,
+    /// The limit applied, if any.
+    pub current_limit: Option<RateLimit>,
+    /// Permits left (0 without a limit, `u32::MAX` for `unlimited`).
+    pub limit_remaining: u32,
+    /// Time until the limit is back to its full allowance, in nanoseconds (`None` without a
+    /// limit). For the default fixed window, the time to the end of the window, like
+    /// envoyproxy/ratelimit (which gives it in whole seconds).
+    pub duration_until_reset: Option<Nanos>,
+}
+
+impl DescriptorStatus {
+    /// No rule applies.
+    const NO_LIMIT: Self = Self {
+        code: Code::Ok,
+        current_limit: None,
+        limit_remaining: 0,
+        duration_until_reset: None,
+    };
+
+    /// `unlimited: true`.
+    const UNLIMITED: Self = Self {
+        code: Code::Ok,
+        current_limit: None,
+        limit_remaining: u32::MAX,
+        duration_until_reset: None,
+    };
+}
+
+/// `RateLimitResponse`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// `OVER_LIMIT` if any descriptor is.
+    pub overall_code: Code,
+    /// One status per descriptor, in request order.
+    pub statuses: Vec<DescriptorStatus>,
+}
+
+/// A request the engine refuses to decide (envoyproxy/ratelimit answers these with a gRPC
+/// error); nothing is counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// `domain` is empty.
+    #[error("rate limit domain must not be empty")]
+    EmptyDomain,
+    /// No descriptor.
+    #[error("rate limit descriptor list must not be empty")]
+    NoDescriptors,
+}
+
+/// The counter of one descriptor: its domain and its own key/value pairs (envoyproxy/
+/// ratelimit's cache key without the window, which the algorithm keeps).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CounterKey {
+    domain: Box<str>,
+    entries: Box<[(Box<str>, Box<str>)]>,
+    /// The descriptor's `limit` override, if it had one: such a counter is governed by it,
+    /// not by the configuration (which is what [`Engine::retain_idle`] needs to know).
+    limit: Option<RateLimit>,
+}
+
+impl CounterKey {
+    fn new(domain: &str, d: &Descriptor) -> Self {
+        Self {
+            limit: d.limit,
+            domain: domain.into(),
+            entries: d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str().into(), e.value.as_str().into()))
+                .collect(),
+        }
+    }
+}
+
+/// The rule a descriptor gets.
+#[derive(Debug)]
+enum Matched<'c> {
+    /// None (no match, or replaced).
+    Nothing,
+    /// A rule of the configuration.
+    Rule(&'c Rule),
+    /// The descriptor's own `limit`.
+    Override(Limited),
+}
+
+/// A descriptor's `limit` override, as envoyproxy/ratelimit applies it: a fixed window
+/// aligned to the epoch, local, never shadowed, replacing and replaced by nothing.
+fn override_rule(rate: RateLimit) -> Limited {
+    Limited {
+        rate,
+        algorithm: AlgorithmKind::FixedWindow,
+        burst: None,
+        coordination: Coordination::Local,
+        limit: Limit::from_nanos(u64::from(rate.requests_per_unit), rate.unit.nanos()).ok(),
+    }
+}
+
+/// Consume, or only look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Check,
+    Peek,
+}
+
+/// Decides `ShouldRateLimit` requests for one node. Safe to share between threads; the
+/// configuration can be swapped while requests are decided, and per-key state survives the
+/// swap (a changed limit applies from then on, as [`sluice_limits::Algorithm`] allows).
+///
+/// `now` is nanoseconds since the unix epoch: windows are aligned to it, like
+/// envoyproxy/ratelimit's.
+///
+/// Memory: a key is stored from its first admitted request until [`Engine::retain_idle`]
+/// finds it idle; the server shell calls that periodically.
+pub struct Engine {
+    config: RwLock<Arc<Config>>,
+    /// One store per algorithm kind, in the order of [`AlgorithmKind::ALL`].
+    stores: Vec<KeyedStore<CounterKey, AnyAlgorithm>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("keys", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn kind_index(kind: AlgorithmKind) -> usize {
+    AlgorithmKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// An engine with no counted key, deciding under `config`.
+    #[must_use]
+    pub fn new(config: Config) -> Self {
+        let stores = AlgorithmKind::ALL
+            .iter()
+            .map(|&k| KeyedStore::new(AnyAlgorithm::new(k, Options::default()), 16))
+            .collect();
+        Self {
+            config: RwLock::new(Arc::new(config)),
+            stores,
+        }
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().clone()
+    }
+
+    /// Puts `config` in force for the following requests.
+    pub fn set_config(&self, config: Config) {
+        *self.config.write() = Arc::new(config);
+    }
+
+    /// Loads `source` again: on success the new configuration is in force; on error the old
+    /// one stays in force, untouched, and the error says file, line and reason.
+    ///
+    /// # Errors
+    /// As [`ConfigSource::load`].
+    pub fn reload(&self, source: &ConfigSource) -> Result<(), ConfigError> {
+        let config = source.load()?;
+        self.set_config(config);
+        Ok(())
+    }
+
+    /// Decides `request` at `now`, counting the hits of every descriptor whose limit admits
+    /// them.
+    ///
+    /// # Errors
+    /// [`RequestError`] for an empty domain or descriptor list; nothing is counted then.
+    pub fn should_rate_limit(
+        &self,
+        now: Nanos,
+        request: &Request,
+    ) -> Result<Response, RequestError> {
+        self.decide(now, request, Mode::Check)
+    }
+
+    /// Answers as [`Engine::should_rate_limit`] would at `now`, changing nothing. (Two equal
+    /// descriptors in one request both see the state before the request.)
+    ///
+    /// # Errors
+    /// As [`Engine::should_rate_limit`].
+    pub fn check_only(&self, now: Nanos, request: &Request) -> Result<Response, RequestError> {
+        self.decide(now, request, Mode::Peek)
+    }
+
+    /// Forgets every key whose state is, at `now`, that of a key never seen (so no future
+    /// decision changes), and every key no rule governs any more; returns how many.
+    pub fn retain_idle(&self, now: Nanos) -> usize {
+        let config = self.config();
+        // A key no rule governs is judged under a 1-per-nanosecond limit: idle as soon as
+        // its last activity is past.
+        let Ok(fallback) = Limit::from_nanos(1, 1) else {
+            return 0;
+        };
+        self.stores
+            .iter()
+            .map(|store| {
+                store.retain_idle(now, |key| {
+                    if let Some(rate) = key.limit {
+                        return override_rule(rate).limit.unwrap_or(fallback);
+                    }
+                    config
+                        .domain(&key.domain)
+                        .and_then(|d| d.rule_for(key.entries.iter().map(|(k, v)| (&**k, &**v))))
+                        .and_then(|r| match &r.policy {
+                            Policy::Limited(l) => l.limit,
+                            Policy::Unlimited => None,
+                        })
+                        .unwrap_or(fallback)
+                })
+            })
+            .sum()
+    }
+
+    /// Number of keys with state.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.stores.iter().map(KeyedStore::len).sum()
+    }
+
+    /// Whether no key has state.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn decide(&self, now: Nanos, request: &Request, mode: Mode) -> Result<Response, RequestError> {
+        if request.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if request.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        let config = self.config();
+        let Some(domain) = config.domain(&request.domain) else {
+            return Ok(Response {
+                overall_code: Code::Ok,
+                statuses: vec![DescriptorStatus::NO_LIMIT; request.descriptors.len()],
+            });
+        };
+        let mut rules: Vec<Matched<'_>> = request
+            .descriptors
+            .iter()
+            .map(|d| match d.limit {
+                Some(rate) => Matched::Override(override_rule(rate)),
+                None => domain
+                    .rule_for(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
+                    .map_or(Matched::Nothing, Matched::Rule),
+            })
+            .collect();
+        // `replaces`: a named rule matched by one descriptor is dropped when another rule
+        // matched by the same request replaces it.
+        let replaced: Vec<&str> = rules
+            .iter()
+            .filter_map(|m| match m {
+                Matched::Rule(r) => Some(r.replaces.iter().map(String::as_str)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        for slot in &mut rules {
+            if let Matched::Rule(r) = slot
+                && r.name.as_deref().is_some_and(|n| replaced.contains(&n))
+            {
+                *slot = Matched::Nothing;
+            }
+        }
+        let mut overall_code = Code::Ok;
+        let statuses = request
+            .descriptors
+            .iter()
+            .zip(rules)
+            .map(|(d, rule)| {
+                let cost = d
+                    .hits_addend
+                    .unwrap_or(u64::from(request.hits_addend))
+                    .max(1);
+                let status = match &rule {
+                    Matched::Nothing => DescriptorStatus::NO_LIMIT,
+                    Matched::Override(l) => self.limited(now, &request.domain, d, l, cost, mode),
+                    Matched::Rule(rule) => match &rule.policy {
+                        Policy::Unlimited => DescriptorStatus::UNLIMITED,
+                        Policy::Limited(l) => {
+                            let mut s = self.limited(now, &request.domain, d, l, cost, mode);
+                            if rule.shadow_mode {
+                                s.code = Code::Ok;
+                            }
+                            s
+                        }
+                    },
+                };
+                if status.code == Code::OverLimit {
+                    overall_code = Code::OverLimit;
+                }
+                status
+            })
+            .collect();
+        Ok(Response {
+            overall_code,
+            statuses,
+        })
+    }
+
+    fn limited(
+        &self,
+        now: Nanos,
+        domain: &str,
+        d: &Descriptor,
+        rule: &Limited,
+        cost: u64,
+        mode: Mode,
+    ) -> DescriptorStatus {
+        let unit = rule.rate.unit.nanos();
+        // Time to the end of the unit's epoch-aligned window, as envoyproxy/ratelimit reports.
+        let window_reset = unit - now % unit;
+        let Some(limit) = &rule.limit else {
+            // `requests_per_unit: 0`: a block rule, nothing to count.
+            return DescriptorStatus {
+                code: Code::OverLimit,
+                current_limit: Some(rule.rate),
+                limit_remaining: 0,
+                duration_until_reset: Some(window_reset),
+            };
+        };
+        let store = &self.stores[kind_index(rule.algorithm)];
+        let key = CounterKey::new(domain, d);
+        let decision = match mode {
+            Mode::Check => store.check(&key, limit, now, cost),
+            Mode::Peek => store.peek(&key, limit, now, cost),
+        };
+        let reset = match rule.algorithm {
+            AlgorithmKind::FixedWindow => window_reset,
+            _ => decision.reset_after,
+        };
+        DescriptorStatus {
+            code: if decision.allowed {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            current_limit: Some(rule.rate),
+            limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(reset),
+        }
+    }
+}
