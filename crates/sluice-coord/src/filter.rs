@@ -1,0 +1,90 @@
+//! Demand estimation: seed 003 §III's low-pass filter, in time units.
+//!
+//! Seed 003 filters per time slot, `λ̂(t+1) = (1 − α) λ̂(t) + α δ(t)`. A per-slot `α` ties the
+//! filter to the slot length; Sluice uses a time constant `τ` instead: a sample covering
+//! `Δt` gets weight `1 − exp(−Δt/τ)`. For slots of length `s` this is the paper's filter
+//! with `α = 1 − exp(−s/τ)` (≈ `s/τ`), and the estimate is the same whatever the cycle
+//! length: two half-cycle samples give exactly the weight of one whole-cycle sample.
+
+/// Exponential smoothing of a rate with time constant `tau` (nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DemandFilter {
+    tau: f64,
+    estimate: f64,
+    last: Option<u64>,
+}
+
+impl DemandFilter {
+    /// A filter with time constant `tau_ns` (`0` means no smoothing) and no sample yet.
+    #[must_use]
+    pub fn new(tau_ns: u64) -> Self {
+        Self {
+            tau: tau_ns as f64,
+            estimate: 0.0,
+            last: None,
+        }
+    }
+
+    /// The current estimate (rate units as given).
+    #[must_use]
+    pub fn estimate(&self) -> f64 {
+        self.estimate
+    }
+
+    /// Folds in a rate measured over the interval ending at `now` (since the previous
+    /// sample). The first sample sets the estimate. Samples out of order count as `Δt = 0`.
+    pub fn observe_rate(&mut self, now: u64, rate: f64) {
+        let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
+        match self.last {
+            None => self.estimate = rate,
+            Some(last) => {
+                let dt = now.saturating_sub(last) as f64;
+                let w = if self.tau <= 0.0 {
+                    1.0
+                } else {
+                    1.0 - (-dt / self.tau).exp()
+                };
+                self.estimate += w * (rate - self.estimate);
+            }
+        }
+        self.last = Some(self.last.map_or(now, |l| l.max(now)));
+    }
+
+    /// Folds in `count` arrivals seen since the previous sample, as a rate per `period`
+    /// nanoseconds. The first call only starts the interval.
+    pub fn observe_arrivals(&mut self, now: u64, count: u64, period: u64) {
+        match self.last {
+            None => self.last = Some(now),
+            Some(last) => {
+                let dt = now.saturating_sub(last);
+                if dt > 0 {
+                    let rate = count as f64 * period as f64 / dt as f64;
+                    self.observe_rate(now, rate);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn independent_of_cycle_length() {
+        // Same signal sampled every 10 ms and every 50 ms: same estimate after 1 s.
+        let mut fine = DemandFilter::new(200_000_000);
+        let mut coarse = DemandFilter::new(200_000_000);
+        fine.observe_rate(0, 0.0);
+        coarse.observe_rate(0, 0.0);
+        for k in 1..=100u64 {
+            fine.observe_rate(k * 10_000_000, 100.0);
+        }
+        for k in 1..=20u64 {
+            coarse.observe_rate(k * 50_000_000, 100.0);
+        }
+        assert!((fine.estimate() - coarse.estimate()).abs() < 1e-9);
+        // After 5τ the estimate is within e^-5 of the step.
+        assert!((fine.estimate() - 100.0 * (1.0 - (-5.0f64).exp())).abs() < 1e-9);
+    }
+}

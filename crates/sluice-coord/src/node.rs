@@ -1,0 +1,1316 @@
+//! One Sluice node as a sans-IO state machine.
+//!
+//! # The ledger (conservation that survives the network)
+//!
+//! For every key a node holds `own = base + Σ_j seen_{j→i} − Σ_j given_{i→j}`:
+//! * `given_{i→j}` is a monotone counter of all capacity `i` ever gave `j`; every message
+//!   `i → j` carries it whole. The receiver applies `counter − seen` when the counter is
+//!   larger and ignores it otherwise, so a message is idempotent, a lost one only delays,
+//!   a duplicated or reordered stale one changes nothing.
+//! * Capacity only moves as a gift decided by the giver from the law
+//!   ([`crate::law::gift`]), clamped so the giver keeps at least its reservation.
+//!
+//! Hence `Σ own = L − Σ (given − seen)` (the capacity in flight) `≤ L` at every instant,
+//! and `= L` once the latest counters got through (seed 003 §IV: "no local limiter gains or
+//! loses extra capacity"). Updates are pairwise and asynchronous (seed 003 Appendix Thm 2):
+//! no rounds, no clock synchronisation.
+//!
+//! # Holdings
+//!
+//! Keys appear at run time, so a node's initial share of a key it has never seen is implicit:
+//! the 1/N rule (seed 003 Fig. 1 `InitializeCapacities`) over the initial members, the same
+//! for every key. A node's *holdings* say which initial shares it holds (its own, those it
+//! inherited); their sum is the `base` of every key it has no state for. Only keys with
+//! activity have state and cost message bytes.
+//!
+//! # Leases, heirs and fallback (seed 003 §IV "best friend")
+//!
+//! Each node names an heir (its best friend). Every message to the heir carries the whole
+//! ledger (holdings, bases, neighbours) and the sender's clock `sent_at`; the heir echoes
+//! the latest `sent_at` it received. The holder's lease on its shared capacity ends at
+//! `echo + lease` **on the holder's own clock**; the heir declares the holder dead only
+//! `lease·(1+ρ)²` after it last *received* from it, on the heir's clock. With clock rates
+//! within `[1/(1+ρ), 1+ρ]` of real time, the holder stops enforcing its shared capacity no
+//! later than real time `send + lease·(1+ρ)`, and the heir starts no earlier than
+//! `receive + lease·(1+ρ)`: the holder always stops first, no clock sync needed.
+//!
+//! The heir then *settles* the dead incarnation: it asks the dead node's neighbours for
+//! their final counters with it (`F = given to it`, `S = received from it`) and they freeze
+//! the link (later messages from that incarnation are ignored). The estate is
+//! `base − reservation + Σ_j (F_j − S_j)`: exactly what the dead node held, plus what was in
+//! flight to and from it. Gifts the dead node made after its last report are counted once,
+//! by the survivors' `S` (pitfall (a)). A node that learns it was declared dead (a partition,
+//! not a crash) or that restarts comes back as a new incarnation holding only its reservation
+//! (pitfall (c)).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::filter::DemandFilter;
+use crate::law::{self, Measure, Peer};
+use crate::pacing::{Strategy, TokenAccount};
+use crate::stability::{self, ConfigError};
+use crate::wire::{Holding, Key, KeyEntry, Ledger, Lifecycle, Message, NodeId, Part, SettleReply};
+
+/// Nanoseconds on this node's own clock.
+pub type Nanos = u64;
+
+/// What a node enforces when its lease on shared capacity has expired (it cannot reach its
+/// heir). The guarantee of each mode:
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fallback {
+    /// Enforce nothing (0) until the heir answers. Strict: the sum of enforced limits never
+    /// exceeds `L`. Availability: a partitioned node admits nothing.
+    None,
+    /// Keep a reservation of `fraction` of the node's initial share, never given away and
+    /// never inherited (seed 002 §4.4(5), quota pre-allocation with fallback to standalone).
+    /// Strict: the sum never exceeds `L`; a partitioned node still admits its reservation.
+    Reserved(f64),
+    /// Keep enforcing the last share. NOT strict: while the heir has inherited the share
+    /// and the partitioned node still enforces it, the sum can exceed `L` (by at most the
+    /// partitioned nodes' shares). For users who prefer availability.
+    LastShare,
+}
+
+/// State of a link, from the time since we last heard from the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Heard within two cycles.
+    Up,
+    /// Heard within one lease.
+    Suspect,
+    /// Not heard for a lease (or never).
+    Down,
+}
+
+/// State of the lease on this node's shared capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// More than a quarter of the lease left.
+    Valid,
+    /// In the last quarter: renew urgently (still enforced).
+    Expiring,
+    /// Ended: the node enforces its [`Fallback`].
+    Expired,
+}
+
+/// A node's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// This node.
+    pub id: NodeId,
+    /// Incarnation, at least 1. MUST increase across restarts (persist a counter, or use a
+    /// boot timestamp); incarnation 1 of an initial member holds its full initial share,
+    /// later ones only their reservation.
+    pub incarnation: u64,
+    /// The initial members; they split the limit by the 1/N rule. A node not in the list
+    /// joins with nothing.
+    pub members: Vec<NodeId>,
+    /// Neighbours in the communication graph, with link weights `w_ij`.
+    pub links: Vec<(NodeId, f64)>,
+    /// Weight given to a neighbour that introduces itself at run time (a joiner).
+    pub join_weight: f64,
+    /// The heir (best friend); `None` only for a single node.
+    pub heir: Option<NodeId>,
+    /// The gain `γ` (seed 000 eq. 3; `η` in seed 003).
+    pub gamma: f64,
+    /// The performance measure.
+    pub measure: Measure,
+    /// The global limit `L` of every key, in capacity units.
+    pub limit: u64,
+    /// The update cycle `Δ`.
+    pub cycle: Nanos,
+    /// The lease on shared capacity.
+    pub lease: Nanos,
+    /// Bound `ρ` on clock-rate drift (rates within `[1/(1+ρ), 1+ρ]`).
+    pub max_drift: f64,
+    /// Time constant `τ` of the demand filter.
+    pub demand_tau: Nanos,
+    /// What to enforce when the lease has expired.
+    pub fallback: Fallback,
+    /// Message pacing on non-heir links (seed 004); `None` sends every cycle.
+    pub pacing: Option<Strategy>,
+}
+
+impl Config {
+    /// A configuration with common defaults: Case I, `γ` at seed 003 eq. 15's bound
+    /// `1/(2 max d)`, cycle 100 ms, lease 10 cycles, `ρ = 10⁻³`, `τ` = 5 cycles, strict
+    /// fallback `None`, a message every cycle.
+    #[must_use]
+    pub fn new(id: NodeId, members: Vec<NodeId>, links: Vec<(NodeId, f64)>, limit: u64) -> Self {
+        let degree: f64 = links.iter().map(|l| l.1).sum();
+        let heir = links.first().map(|l| l.0);
+        Self {
+            id,
+            incarnation: 1,
+            members,
+            links,
+            join_weight: 1.0,
+            heir,
+            gamma: if degree > 0.0 {
+                1.0 / (2.0 * degree)
+            } else {
+                0.5
+            },
+            measure: Measure::Throttled,
+            limit,
+            cycle: 100_000_000,
+            lease: 1_000_000_000,
+            max_drift: 1e-3,
+            demand_tau: 500_000_000,
+            fallback: Fallback::None,
+            pacing: None,
+        }
+    }
+
+    /// Node `n`'s initial share of every key (1/N rule; the remainder goes to the lowest
+    /// ids so the shares add up to `L` exactly).
+    #[must_use]
+    pub fn initial_share(&self, n: NodeId) -> u64 {
+        let mut m: Vec<NodeId> = self.members.clone();
+        m.sort_unstable();
+        m.dedup();
+        let Some(rank) = m.iter().position(|&x| x == n) else {
+            return 0;
+        };
+        let size = m.len() as u64;
+        self.limit / size + u64::from((rank as u64) < self.limit % size)
+    }
+
+    /// Node `n`'s reservation (non-zero only with [`Fallback::Reserved`]).
+    #[must_use]
+    pub fn reservation(&self, n: NodeId) -> u64 {
+        match self.fallback {
+            Fallback::Reserved(f) => (self.initial_share(n) as f64 * f.clamp(0.0, 1.0)) as u64,
+            _ => 0,
+        }
+    }
+
+    fn part(&self, h: Holding) -> u64 {
+        let init = self.initial_share(h.node);
+        let res = self.reservation(h.node);
+        match h.part {
+            Part::Full => init,
+            Part::ReserveOnly => res,
+            Part::ShareOnly => init - res,
+        }
+    }
+
+    /// Checks the configuration (seed 003 Thm 1 at this node, sane times and parameters).
+    ///
+    /// # Errors
+    /// The [`ConfigError`] saying what is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        stability::check_node(self.id, self.gamma, &self.measure, &self.links)?;
+        if self.incarnation == 0 {
+            return Err(ConfigError::Invalid("incarnation must be at least 1"));
+        }
+        if self.cycle == 0 || self.lease < 2 * self.cycle {
+            return Err(ConfigError::Invalid(
+                "cycle must be > 0 and lease at least 2 cycles",
+            ));
+        }
+        if !(self.max_drift.is_finite() && (0.0..0.5).contains(&self.max_drift)) {
+            return Err(ConfigError::Invalid("max_drift must be in [0, 0.5)"));
+        }
+        if !(self.join_weight.is_finite() && self.join_weight > 0.0) {
+            return Err(ConfigError::Invalid("join_weight must be positive"));
+        }
+        if let Fallback::Reserved(f) = self.fallback
+            && !(f.is_finite() && (0.0..=1.0).contains(&f))
+        {
+            return Err(ConfigError::Invalid("reserved fraction must be in [0, 1]"));
+        }
+        if self.links.iter().any(|l| l.0 == self.id) || self.heir == Some(self.id) {
+            return Err(ConfigError::Invalid("a node cannot link to itself"));
+        }
+        if let Some(h) = self.heir
+            && !self.links.iter().any(|l| l.0 == h)
+        {
+            return Err(ConfigError::Invalid("the heir must be a neighbour"));
+        }
+        if let Some(s) = self.pacing {
+            s.validated()
+                .map_err(|_| ConfigError::Invalid("bad pacing strategy"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A message to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// Destination.
+    pub to: NodeId,
+    /// The message (encode with [`crate::wire::encode`]).
+    pub message: Message,
+}
+
+/// What the node wants done since the last call to [`Node::ready`] (like raft-rs `Ready`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Ready {
+    /// Messages to send.
+    pub messages: Vec<Outgoing>,
+    /// Keys whose enforced limit changed, with the new limit (capacity units).
+    pub limits: Vec<(Key, u64)>,
+}
+
+#[derive(Debug, Clone)]
+struct Link {
+    weight: f64,
+    /// Peer incarnation (0: unknown).
+    inc: u64,
+    last_recv: Option<Nanos>,
+    /// Latest `sent_at` received (peer clock), echoed back.
+    echo: Nanos,
+    /// `sent_at` of the message whose indicators we hold (stale ones are ignored).
+    indicator_at: Nanos,
+    lifecycle: Lifecycle,
+    pacing: Option<TokenAccount>,
+    /// Settlement replies waiting to go to this node (it is an heir settling someone).
+    replies: Vec<SettleReply>,
+    /// A dead verdict to tell this node.
+    verdict: u64,
+    /// A configured neighbour (vs a node we only settle with).
+    neighbour: bool,
+    /// The peer's latest message named us its heir (we answer every cycle).
+    names_me_heir: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LinkKey {
+    given: u64,
+    seen: u64,
+    acked: u64,
+    peer: Option<(f64, bool)>,
+}
+
+#[derive(Debug, Clone)]
+struct KeyState {
+    /// Signed: a link's frozen net (received − given) can be negative on its own.
+    base: i64,
+    demand: DemandFilter,
+    links: BTreeMap<NodeId, LinkKey>,
+    enforced: Option<u64>,
+}
+
+impl KeyState {
+    fn own(&self) -> u64 {
+        let seen: u64 = self.links.values().map(|l| l.seen).sum();
+        let given: u64 = self.links.values().map(|l| l.given).sum();
+        let own = i128::from(self.base) + i128::from(seen) - i128::from(given);
+        u64::try_from(own.max(0)).unwrap_or(u64::MAX)
+    }
+}
+
+/// Final counters with a dead incarnation: per key `(F, S)`, and the ledger version that
+/// records their effect on our bases.
+#[derive(Debug, Clone, Default)]
+struct Frozen {
+    counters: BTreeMap<Key, (u64, u64)>,
+    version: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Ward {
+    inc: u64,
+    last_recv: Nanos,
+    ledger: Ledger,
+    leaving: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Settlement {
+    ward: Ward,
+    waiting: BTreeSet<NodeId>,
+    /// Per key `Σ (F − S)`.
+    terms: BTreeMap<Key, i128>,
+}
+
+/// One node. See the module documentation for the protocol.
+#[derive(Debug, Clone)]
+pub struct Node {
+    cfg: Config,
+    inc: u64,
+    lifecycle: Lifecycle,
+    holdings: Vec<Holding>,
+    default_base: u64,
+    reservation: u64,
+    links: BTreeMap<NodeId, Link>,
+    keys: BTreeMap<Key, KeyState>,
+    lease_until: Nanos,
+    wards: BTreeMap<NodeId, Ward>,
+    settling: BTreeMap<(NodeId, u64), Settlement>,
+    /// Highest incarnation of each node this node settled as heir.
+    settled: BTreeMap<NodeId, u64>,
+    /// Final counters with dead incarnations, kept for their heir: per key `(F, S)`.
+    frozen: BTreeMap<(NodeId, u64), Frozen>,
+    /// Version of our ledger (bumped when a base changes) and the latest our heir holds.
+    ledger_version: u64,
+    ledger_acked: u64,
+    /// Settlement requests `(asker, dead, incarnation)` held until our heir has our ledger.
+    held: BTreeSet<(NodeId, NodeId, u64)>,
+    /// Messages from incarnations at or below this are ignored.
+    dead_floor: BTreeMap<NodeId, u64>,
+    leave_started: Option<Nanos>,
+    /// Pending succession notices: ward → the dead heir `(node, incarnation)` we replace.
+    successions: BTreeMap<NodeId, (NodeId, u64)>,
+    /// This incarnation may have forgotten counters of an earlier one (restart,
+    /// reincarnation): it cannot vouch for links it has no record of.
+    amnesiac: bool,
+    /// The current heir (the configured one until it leaves).
+    heir: Option<NodeId>,
+    outbox: Vec<Outgoing>,
+    last_tick: Option<Nanos>,
+}
+
+impl Node {
+    /// A node starting at `now` (its own clock).
+    ///
+    /// # Errors
+    /// [`ConfigError`] if the configuration is refused (see [`Config::validate`]).
+    pub fn new(cfg: Config, now: Nanos) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let member = cfg.members.contains(&cfg.id);
+        let holdings = match (member, cfg.incarnation) {
+            (true, 1) => vec![Holding {
+                node: cfg.id,
+                part: Part::Full,
+            }],
+            (true, _) => vec![Holding {
+                node: cfg.id,
+                part: Part::ReserveOnly,
+            }],
+            (false, _) => Vec::new(),
+        };
+        let default_base = holdings.iter().map(|&h| cfg.part(h)).sum();
+        let reservation = if member { cfg.reservation(cfg.id) } else { 0 };
+        let mut links = BTreeMap::new();
+        for &(peer, weight) in &cfg.links {
+            links.insert(peer, Self::new_link(&cfg, weight, now, true));
+        }
+        // The first incarnation of an initial member holds its initial share on a lease
+        // from start: its heir cannot have declared it dead before hearing from it.
+        let lease_until = if cfg.incarnation == 1 && member {
+            now + cfg.lease
+        } else {
+            0
+        };
+        Ok(Self {
+            inc: cfg.incarnation,
+            lifecycle: if member {
+                Lifecycle::Active
+            } else {
+                Lifecycle::Joining
+            },
+            holdings,
+            default_base,
+            reservation,
+            links,
+            keys: BTreeMap::new(),
+            lease_until,
+            wards: BTreeMap::new(),
+            settling: BTreeMap::new(),
+            settled: BTreeMap::new(),
+            frozen: BTreeMap::new(),
+            dead_floor: BTreeMap::new(),
+            leave_started: None,
+            heir: cfg.heir,
+            amnesiac: cfg.incarnation > 1,
+            ledger_version: 0,
+            ledger_acked: 0,
+            held: BTreeSet::new(),
+            successions: BTreeMap::new(),
+            outbox: Vec::new(),
+            last_tick: None,
+            cfg,
+        })
+    }
+
+    fn new_link(cfg: &Config, weight: f64, now: Nanos, neighbour: bool) -> Link {
+        let pacing = cfg
+            .pacing
+            .and_then(|s| TokenAccount::new(s, cfg.cycle, now).ok());
+        Link {
+            weight,
+            inc: 0,
+            last_recv: None,
+            echo: 0,
+            indicator_at: 0,
+            lifecycle: Lifecycle::Joining,
+            pacing,
+            replies: Vec::new(),
+            verdict: 0,
+            neighbour,
+            names_me_heir: false,
+        }
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The current incarnation.
+    #[must_use]
+    pub fn incarnation(&self) -> u64 {
+        self.inc
+    }
+
+    /// The lifecycle state.
+    #[must_use]
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.lifecycle
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The lease state at `now`.
+    #[must_use]
+    pub fn lease_state(&self, now: Nanos) -> LeaseState {
+        if self.heir.is_none() {
+            LeaseState::Valid
+        } else if now >= self.lease_until {
+            LeaseState::Expired
+        } else if now + self.cfg.lease / 4 >= self.lease_until {
+            LeaseState::Expiring
+        } else {
+            LeaseState::Valid
+        }
+    }
+
+    /// The state of the link to `peer` at `now` (`None` if not a neighbour).
+    #[must_use]
+    pub fn link_state(&self, peer: NodeId, now: Nanos) -> Option<LinkState> {
+        let l = self.links.get(&peer).filter(|l| l.neighbour)?;
+        Some(match l.last_recv {
+            Some(t) if now.saturating_sub(t) <= 2 * self.cfg.cycle => LinkState::Up,
+            Some(t) if now.saturating_sub(t) <= self.cfg.lease => LinkState::Suspect,
+            _ => LinkState::Down,
+        })
+    }
+
+    /// The share held for `key` (what the ledger says; enforced or not).
+    #[must_use]
+    pub fn own(&self, key: Key) -> u64 {
+        match self.lifecycle {
+            Lifecycle::Left => 0,
+            _ => self.keys.get(&key).map_or(self.default_base, KeyState::own),
+        }
+    }
+
+    /// The limit enforced for `key` at `now` (see [`Fallback`]).
+    #[must_use]
+    pub fn enforced(&self, key: Key, now: Nanos) -> u64 {
+        let own = self.own(key);
+        if self.lifecycle == Lifecycle::Left {
+            return 0;
+        }
+        match (self.lease_state(now), self.cfg.fallback) {
+            (LeaseState::Valid | LeaseState::Expiring, _) | (_, Fallback::LastShare) => own,
+            (LeaseState::Expired, _) => own.min(self.reservation),
+        }
+    }
+
+    /// The performance indicator `p` for `key`.
+    #[must_use]
+    pub fn indicator(&self, key: Key) -> f64 {
+        let demand = self.keys.get(&key).map_or(0.0, |k| k.demand.estimate());
+        self.cfg.measure.indicator(demand, self.own(key) as f64)
+    }
+
+    /// `(given to peer, received from peer)` on `key` for the current link incarnations.
+    #[must_use]
+    pub fn link_counters(&self, key: Key, peer: NodeId) -> (u64, u64) {
+        self.keys
+            .get(&key)
+            .and_then(|k| k.links.get(&peer))
+            .map_or((0, 0), |l| (l.given, l.seen))
+    }
+
+    /// The demand estimate for `key`.
+    #[must_use]
+    pub fn demand(&self, key: Key) -> f64 {
+        self.keys.get(&key).map_or(0.0, |k| k.demand.estimate())
+    }
+
+    /// Keys with state here.
+    pub fn active_keys(&self) -> impl Iterator<Item = Key> + '_ {
+        self.keys.keys().copied()
+    }
+
+    /// Bytes of state per active key (key state plus its per-link entries).
+    #[must_use]
+    pub fn state_bytes_per_key(&self) -> usize {
+        let n = self.keys.len().max(1);
+        let links: usize = self.keys.values().map(|k| k.links.len()).sum();
+        (self.keys.len() * (size_of::<Key>() + size_of::<KeyState>())
+            + links * (size_of::<NodeId>() + size_of::<LinkKey>()))
+            / n
+    }
+
+    fn key_mut(&mut self, key: Key) -> &mut KeyState {
+        let base = i64::try_from(self.default_base).unwrap_or(i64::MAX);
+        let tau = self.cfg.demand_tau;
+        self.keys.entry(key).or_insert_with(|| KeyState {
+            base,
+            demand: DemandFilter::new(tau),
+            links: BTreeMap::new(),
+            enforced: None,
+        })
+    }
+
+    /// The demand (rate, capacity units) measured for `key` over the interval ending `now`.
+    pub fn set_demand(&mut self, now: Nanos, key: Key, rate: f64) {
+        self.key_mut(key).demand.observe_rate(now, rate);
+    }
+
+    /// `count` arrivals for `key` since the previous observation.
+    pub fn observe_arrivals(&mut self, now: Nanos, key: Key, count: u64) {
+        let period = self.cfg.cycle;
+        self.key_mut(key)
+            .demand
+            .observe_arrivals(now, count, period);
+    }
+
+    /// Starts a graceful leave: the node hands every share to its heir, then stops.
+    pub fn leave(&mut self, now: Nanos) {
+        if matches!(self.lifecycle, Lifecycle::Active | Lifecycle::Joining) {
+            self.lifecycle = Lifecycle::Leaving;
+            self.leave_started = Some(now);
+            // A leaving node settles nobody: its wards pick another heir.
+            self.wards.clear();
+        }
+    }
+
+    /// Drains what to do: messages to send and changed enforced limits.
+    pub fn ready(&mut self, now: Nanos) -> Ready {
+        let mut limits = Vec::new();
+        let keys: Vec<Key> = self.keys.keys().copied().collect();
+        for k in keys {
+            let e = self.enforced(k, now);
+            if let Some(ks) = self.keys.get_mut(&k)
+                && ks.enforced != Some(e)
+            {
+                ks.enforced = Some(e);
+                limits.push((k, e));
+            }
+        }
+        Ready {
+            messages: std::mem::take(&mut self.outbox),
+            limits,
+        }
+    }
+
+    /// One cycle: settle dead wards, give capacity by the law, send messages. `draw` returns
+    /// uniform random numbers in `[0, 1)` (used by randomized pacing).
+    pub fn tick(&mut self, now: Nanos, draw: &mut dyn FnMut() -> f64) {
+        self.last_tick = Some(now);
+        if self.lifecycle == Lifecycle::Left {
+            return;
+        }
+        self.check_wards(now);
+        self.replace_leaving_heir(now);
+        self.restore_heir(now);
+        match self.lifecycle {
+            Lifecycle::Active if self.lease_state(now) != LeaseState::Expired => self.give(now),
+            Lifecycle::Leaving => self.hand_over(now),
+            _ => {}
+        }
+        let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        for p in peers {
+            let Some(link) = self.links.get_mut(&p) else {
+                continue;
+            };
+            let must = Some(p) == self.heir
+                || self.wards.contains_key(&p)
+                || link.names_me_heir
+                || !link.replies.is_empty()
+                || link.verdict != 0
+                || self.successions.contains_key(&p)
+                || self.settling.values().any(|s| s.waiting.contains(&p));
+            let paced = match (&mut link.pacing, link.neighbour) {
+                (Some(acc), true) => acc.on_tick(now, draw()),
+                (None, true) => true,
+                (_, false) => false,
+            };
+            if must || paced {
+                self.send(p, now);
+            }
+        }
+        if self.lifecycle == Lifecycle::Leaving {
+            self.maybe_left(now);
+        }
+    }
+
+    /// A heir that leaves gracefully settles nobody, so naming another one is safe.
+    fn replace_leaving_heir(&mut self, now: Nanos) {
+        let Some(h) = self.heir else { return };
+        let leaving = self
+            .links
+            .get(&h)
+            .is_some_and(|l| matches!(l.lifecycle, Lifecycle::Leaving | Lifecycle::Left));
+        if !leaving {
+            return;
+        }
+        let next = self
+            .links
+            .iter()
+            .filter(|(p, l)| {
+                **p != h
+                    && l.neighbour
+                    && l.lifecycle == Lifecycle::Active
+                    && self.link_state(**p, now) == Some(LinkState::Up)
+            })
+            .map(|(p, _)| *p)
+            .next();
+        if next.is_some() {
+            self.heir = next;
+        }
+    }
+
+    /// After being our own heir (our heir died and we were its heir), name the configured
+    /// heir again once it is back. Nobody holds a ward record of us, so a lease is safe.
+    fn restore_heir(&mut self, now: Nanos) {
+        let Some(c) = self.cfg.heir else { return };
+        if self.heir.is_some() {
+            return;
+        }
+        let back = self
+            .links
+            .get(&c)
+            .is_some_and(|l| l.inc != 0 && l.lifecycle == Lifecycle::Active)
+            && self.link_state(c, now) == Some(LinkState::Up);
+        if back {
+            self.heir = Some(c);
+            self.lease_until = self.lease_until.max(now + self.cfg.lease);
+        }
+    }
+
+    /// The heir currently named.
+    #[must_use]
+    pub fn heir(&self) -> Option<NodeId> {
+        self.heir
+    }
+
+    /// The limit enforced for keys this node has no state for.
+    #[must_use]
+    pub fn default_enforced(&self, now: Nanos) -> u64 {
+        match self.lifecycle {
+            Lifecycle::Left => 0,
+            _ => match (self.lease_state(now), self.cfg.fallback) {
+                (LeaseState::Valid | LeaseState::Expiring, _) | (_, Fallback::LastShare) => {
+                    self.default_base
+                }
+                (LeaseState::Expired, _) => self.default_base.min(self.reservation),
+            },
+        }
+    }
+
+    /// The law: gifts to worse-off neighbours (seed 000 eq. 3 / seed 003 Fig. 1 as gifts).
+    fn give(&mut self, now: Nanos) {
+        let gamma = self.cfg.gamma;
+        let measure = self.cfg.measure;
+        let reservation = self.reservation;
+        let usable: BTreeMap<NodeId, f64> = self
+            .links
+            .iter()
+            .filter(|(p, l)| {
+                l.neighbour
+                    && l.inc != 0
+                    && l.lifecycle == Lifecycle::Active
+                    && self.link_state(**p, now) == Some(LinkState::Up)
+            })
+            .map(|(p, l)| (*p, l.weight))
+            .collect();
+        for ks in self.keys.values_mut() {
+            let own = ks.own();
+            let p_own = measure.indicator(ks.demand.estimate(), own as f64);
+            let mut budget = own.saturating_sub(reservation);
+            let mut wants: Vec<(NodeId, f64)> = ks
+                .links
+                .iter()
+                .filter_map(|(p, lk)| {
+                    let w = *usable.get(p)?;
+                    let (ind, sat) = lk.peer?;
+                    let g = law::gift(
+                        &measure,
+                        gamma,
+                        w,
+                        p_own,
+                        Peer {
+                            indicator: ind,
+                            saturated: sat,
+                        },
+                    );
+                    (g >= 1.0).then_some((*p, g))
+                })
+                .collect();
+            wants.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (p, g) in wants {
+                let amount = (g.floor() as u64).min(budget);
+                if amount == 0 {
+                    break;
+                }
+                budget -= amount;
+                if let Some(lk) = ks.links.get_mut(&p) {
+                    lk.given += amount;
+                }
+            }
+        }
+    }
+
+    /// Leaving: give every share, reservation included, to the heir.
+    fn hand_over(&mut self, now: Nanos) {
+        let Some(heir) = self.heir else { return };
+        if self.link_state(heir, now) == Some(LinkState::Down) {
+            return;
+        }
+        if self.links.get(&heir).is_none_or(|l| l.inc == 0) {
+            return;
+        }
+        for ks in self.keys.values_mut() {
+            let own = ks.own();
+            if own > 0 {
+                ks.links.entry(heir).or_default().given += own;
+            }
+        }
+    }
+
+    fn maybe_left(&mut self, now: Nanos) {
+        let Some(start) = self.leave_started else {
+            return;
+        };
+        let Some(heir) = self.heir else {
+            self.lifecycle = Lifecycle::Left;
+            return;
+        };
+        let handed = self
+            .keys
+            .values()
+            .all(|k| k.own() == 0 && k.links.get(&heir).is_none_or(|l| l.acked >= l.given));
+        // Every reachable neighbour has answered a message sent after we started leaving,
+        // so it knows and gives us nothing more; unreachable ones are settled by the heir.
+        let told = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.neighbour)
+            .all(|(p, l)| l.echo >= start || self.link_state(*p, now) == Some(LinkState::Down));
+        if (handed && told) || now >= start + 4 * self.cfg.lease {
+            self.lifecycle = Lifecycle::Left;
+        }
+    }
+
+    fn ledger(&self) -> Ledger {
+        Ledger {
+            version: self.ledger_version,
+            holdings: self.holdings.clone(),
+            bases: self
+                .keys
+                .iter()
+                .filter(|(_, k)| i128::from(k.base) != i128::from(self.default_base))
+                .map(|(&key, k)| (key, k.base))
+                .collect(),
+            neighbours: self
+                .links
+                .iter()
+                .filter(|(_, l)| l.neighbour)
+                .map(|(p, _)| *p)
+                .collect(),
+            wards: self.wards.keys().copied().collect(),
+            settled: self.settled.iter().map(|(&n, &i)| (n, i)).collect(),
+            folded: self.frozen.keys().copied().collect(),
+        }
+    }
+
+    fn send(&mut self, to: NodeId, now: Nanos) {
+        let to_heir = Some(to) == self.heir && self.lifecycle != Lifecycle::Left;
+        let ledger = to_heir.then(|| self.ledger());
+        let requests: Vec<(NodeId, u64)> = self
+            .settling
+            .iter()
+            .filter(|(_, s)| s.waiting.contains(&to))
+            .map(|(&(n, inc), _)| (n, inc))
+            .collect();
+        let saturated_all =
+            self.lifecycle != Lifecycle::Active || self.lease_state(now) == LeaseState::Expired;
+        let measure = self.cfg.measure;
+        let ledger_ack = self.wards.get(&to).map_or(0, |w| w.ledger.version);
+        let Some(link) = self.links.get_mut(&to) else {
+            return;
+        };
+        let keys: Vec<KeyEntry> = if link.neighbour {
+            self.keys
+                .iter()
+                .map(|(&key, ks)| {
+                    let lk = ks.links.get(&to).copied().unwrap_or_default();
+                    let own = ks.own();
+                    let demand = ks.demand.estimate();
+                    KeyEntry {
+                        key,
+                        given: lk.given,
+                        seen: lk.seen,
+                        indicator: measure.indicator(demand, own as f64) as f32,
+                        saturated: saturated_all
+                            || (matches!(measure, Measure::Allowed) && own as f64 >= demand),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let message = Message {
+            from_inc: self.inc,
+            to_inc: link.inc,
+            sent_at: now,
+            echo: link.echo,
+            lifecycle: self.lifecycle,
+            to_heir,
+            dead_verdict: std::mem::take(&mut link.verdict),
+            ledger,
+            keys,
+            settle_requests: requests,
+            settle_replies: std::mem::take(&mut link.replies),
+            succession: self.successions.get(&to).copied(),
+            ledger_ack,
+        };
+        self.outbox.push(Outgoing { to, message });
+    }
+
+    /// A message from `from`, received at `now` (this node's clock).
+    pub fn handle_message(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        msg: Message,
+        draw: &mut dyn FnMut() -> f64,
+    ) {
+        if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
+            return;
+        }
+        // Settlement traffic is answered whoever sends it.
+        for &(dead, inc) in &msg.settle_requests {
+            self.answer_settle(from, dead, inc);
+        }
+        for r in &msg.settle_replies {
+            self.take_reply(from, msg.from_inc, r);
+        }
+        if msg.from_inc <= self.dead_floor.get(&from).copied().unwrap_or(0) {
+            // A dead incarnation: tell it, if we are the heir that settled it.
+            if self.settled.get(&from).is_some_and(|&s| s >= msg.from_inc) {
+                // Sent with the next tick, not now: two nodes that each think the other dead
+                // must not ping-pong verdicts.
+                let link = self.link_entry(from, now, false);
+                link.verdict = link.verdict.max(msg.from_inc);
+            }
+            return;
+        }
+        let known = self.links.get(&from).is_some_and(|l| l.neighbour);
+        if !known && msg.lifecycle == Lifecycle::Joining && msg.to_inc == 0 {
+            // A joiner introduces itself: accept the link if the stability bound still holds.
+            let mut links: Vec<(NodeId, f64)> = self
+                .links
+                .iter()
+                .filter(|(_, l)| l.neighbour)
+                .map(|(p, l)| (*p, l.weight))
+                .collect();
+            links.push((from, self.cfg.join_weight));
+            if stability::check_node(self.cfg.id, self.cfg.gamma, &self.cfg.measure, &links).is_ok()
+            {
+                let w = self.cfg.join_weight;
+                self.link_entry(from, now, true).weight = w;
+            }
+        }
+        if !self.links.contains_key(&from) && !msg.to_heir && msg.succession.is_none() {
+            return;
+        }
+        // A newer incarnation: the old one is dead; freeze its counters for its heir.
+        let seen_inc = self.links.get(&from).map_or(0, |l| l.inc);
+        if seen_inc != 0 && msg.from_inc > seen_inc {
+            self.freeze(from, seen_inc);
+            if self.wards.get(&from).is_some_and(|w| w.inc == seen_inc) {
+                self.start_settle(from);
+            }
+        }
+        let fresh = {
+            let link = self.link_entry(from, now, false);
+            link.inc = msg.from_inc;
+            link.last_recv = Some(link.last_recv.map_or(now, |t| t.max(now)));
+            link.echo = link.echo.max(msg.sent_at);
+            let fresh = msg.sent_at >= link.indicator_at;
+            if fresh {
+                link.lifecycle = msg.lifecycle;
+                link.indicator_at = msg.sent_at;
+            }
+            fresh
+        };
+        let is_heir = Some(from) == self.heir;
+        if is_heir && msg.dead_verdict >= self.inc {
+            self.reincarnate(now, msg.dead_verdict);
+            return;
+        }
+        if is_heir && msg.echo != 0 && msg.to_inc == self.inc {
+            self.lease_until = self.lease_until.max(msg.echo + self.cfg.lease);
+            if msg.ledger_ack > self.ledger_acked {
+                self.ledger_acked = msg.ledger_ack;
+                for (asker, dead, inc) in std::mem::take(&mut self.held) {
+                    self.answer_settle(asker, dead, inc);
+                    if self
+                        .links
+                        .get(&asker)
+                        .is_some_and(|l| !l.replies.is_empty())
+                    {
+                        self.send(asker, now);
+                    }
+                }
+            }
+        }
+        if let Some((dead_heir, inc)) = msg.succession
+            && self.heir == Some(dead_heir)
+            && self.links.get(&dead_heir).is_none_or(|l| l.inc <= inc)
+        {
+            // Our heir was declared dead by its own heir, which takes its place. Nobody holds
+            // a ward record of us now, so a fresh lease is safe (see the module docs).
+            self.heir = Some(from);
+            self.lease_until = self.lease_until.max(now + self.cfg.lease);
+            // Introduce ourselves (and our ledger) to the new heir at once.
+            self.send(from, now);
+        }
+        if fresh && let Some(l) = self.links.get_mut(&from) {
+            l.names_me_heir = msg.to_heir;
+        }
+        // A ward record needs a message addressed to this very incarnation: a restarted heir
+        // must not adopt (and later settle) a ward that named its previous incarnation.
+        if fresh && self.lifecycle != Lifecycle::Leaving {
+            match msg.ledger.clone() {
+                Some(ledger)
+                    if msg.to_heir
+                        && (msg.to_inc == self.inc || (msg.to_inc == 0 && !self.amnesiac)) =>
+                {
+                    let w = Ward {
+                        inc: msg.from_inc,
+                        last_recv: now,
+                        ledger,
+                        leaving: matches!(msg.lifecycle, Lifecycle::Leaving | Lifecycle::Left),
+                    };
+                    let newer = self
+                        .wards
+                        .get(&from)
+                        .is_none_or(|old| old.ledger.version < w.ledger.version);
+                    self.wards.insert(from, w);
+                    self.successions.remove(&from);
+                    if newer {
+                        // Acknowledge at once: the ward may hold settlement replies for it.
+                        self.send(from, now);
+                    }
+                }
+                // It named another heir: not ours to settle any more.
+                _ => {
+                    self.wards.remove(&from);
+                }
+            }
+        }
+        if self.lifecycle == Lifecycle::Joining && msg.lifecycle == Lifecycle::Active {
+            self.lifecycle = Lifecycle::Active;
+        }
+        // Counters addressed to an older incarnation of us belong to its settlement.
+        let neighbour = self.links.get(&from).is_some_and(|l| l.neighbour);
+        if !neighbour || !(msg.to_inc == self.inc || msg.to_inc == 0) {
+            return;
+        }
+        let mut news = false;
+        for e in &msg.keys {
+            let ks = self.key_mut(e.key);
+            let lk = ks.links.entry(from).or_default();
+            if e.given > lk.seen {
+                lk.seen = e.given;
+                news = true;
+            }
+            if e.seen <= lk.given {
+                lk.acked = lk.acked.max(e.seen);
+            }
+            if fresh {
+                lk.peer = Some((f64::from(e.indicator), e.saturated));
+            }
+        }
+        if news
+            && let Some(acc) = self.links.get_mut(&from).and_then(|l| l.pacing.as_mut())
+            // One reply carries the whole ledger, so spend at most one token on it; the
+            // rest stay for the next news (seed 004 Alg. 4 counts messages, not replies).
+            && acc.on_news_at_most(now, draw(), 1) > 0
+        {
+            self.send(from, now);
+        }
+    }
+
+    fn link_entry(&mut self, peer: NodeId, now: Nanos, neighbour: bool) -> &mut Link {
+        let cfg = &self.cfg;
+        let link = self
+            .links
+            .entry(peer)
+            .or_insert_with(|| Self::new_link(cfg, cfg.join_weight, now, neighbour));
+        link.neighbour |= neighbour;
+        link
+    }
+
+    /// Moves the counters with incarnation `inc` of `peer` to the frozen records.
+    fn freeze(&mut self, peer: NodeId, inc: u64) {
+        let floor = self.dead_floor.entry(peer).or_insert(0);
+        *floor = (*floor).max(inc);
+        let Some(link) = self.links.get_mut(&peer) else {
+            return;
+        };
+        if link.inc != inc {
+            return;
+        }
+        link.inc = 0;
+        link.echo = 0;
+        link.indicator_at = 0;
+        let mut rec = BTreeMap::new();
+        for (&key, ks) in &mut self.keys {
+            if let Some(lk) = ks.links.remove(&peer) {
+                // The final counters stay part of our own share: move them into the base.
+                let net = i128::from(lk.seen) - i128::from(lk.given);
+                ks.base = i64::try_from(i128::from(ks.base) + net).unwrap_or(i64::MAX);
+                rec.insert(key, (lk.given, lk.seen));
+            }
+        }
+        self.ledger_version += 1;
+        let version = self.ledger_version;
+        self.frozen.insert(
+            (peer, inc),
+            Frozen {
+                counters: rec,
+                version,
+            },
+        );
+    }
+
+    fn answer_settle(&mut self, heir: NodeId, dead: NodeId, inc: u64) {
+        if dead == self.cfg.id {
+            return;
+        }
+        if self.links.get(&dead).is_some_and(|l| l.inc == inc) {
+            self.freeze(dead, inc);
+        }
+        let entries: Vec<(Key, u64, u64)> = match self.frozen.get(&(dead, inc)) {
+            // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
+            // our heir holds a ledger with that change, or a crash (or our own settlement)
+            // right now would let our heir use the old base while the dead node's heir uses
+            // these counters. The request is held and answered as soon as the heir
+            // acknowledges (when our heir is the dead node, its successor adopts us and
+            // acknowledges). If our heir is settling us it never does: this settlement
+            // waits (capacity lost, never counted twice).
+            Some(r) if self.heir.is_some() && r.version > self.ledger_acked => {
+                self.held.insert((heir, dead, inc));
+                return;
+            }
+            Some(r) => r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+            // No record: we never exchanged capacity with that incarnation, unless we lost
+            // our memory (restarted or reincarnated); then stay silent rather than guess.
+            None if !self.amnesiac => Vec::new(),
+            None => return,
+        };
+        let floor = self.dead_floor.entry(dead).or_insert(0);
+        *floor = (*floor).max(inc);
+        let link = self.link_entry(heir, 0, false);
+        link.replies
+            .retain(|r| !(r.dead == dead && r.incarnation == inc));
+        link.replies.push(SettleReply {
+            dead,
+            incarnation: inc,
+            entries,
+        });
+    }
+
+    fn take_reply(&mut self, from: NodeId, from_inc: u64, r: &SettleReply) {
+        let Some(s) = self.settling.get_mut(&(r.dead, r.incarnation)) else {
+            return;
+        };
+        if !s.waiting.remove(&from) {
+            return;
+        }
+        // The dead node froze this very link itself and reported it folded into its base.
+        let folded = s.ward.ledger.folded.contains(&(from, from_inc));
+        for &(k, f, sv) in r.entries.iter().filter(|_| !folded) {
+            *s.terms.entry(k).or_insert(0) += i128::from(f) - i128::from(sv);
+        }
+        if s.waiting.is_empty() {
+            self.finish_settle(r.dead, r.incarnation);
+        }
+    }
+
+    fn check_wards(&mut self, now: Nanos) {
+        // A settler whose own lease is not valid may be the one cut off, and may be declared
+        // dead itself: it waits. In particular mutual heirs (a two-node cluster) never settle
+        // each other on silence alone: a partition and a crash look the same, and both
+        // sides would inherit (strict modes choose safety; a restart of the peer, a newer
+        // incarnation, settles at once).
+        if self.lifecycle == Lifecycle::Leaving {
+            return;
+        }
+        let valid = self.lease_state(now) == LeaseState::Valid;
+        let rho = 1.0 + self.cfg.max_drift;
+        let wait = (self.cfg.lease as f64 * rho * rho).ceil() as u64;
+        let due: Vec<NodeId> = self
+            .wards
+            .iter()
+            .filter(|(_, w)| valid && now > w.last_recv + wait)
+            .map(|(&n, _)| n)
+            .collect();
+        for n in due {
+            self.start_settle(n);
+        }
+    }
+
+    /// Declares ward `n`'s incarnation dead and asks its neighbours for their counters.
+    fn start_settle(&mut self, n: NodeId) {
+        let Some(ward) = self.wards.remove(&n) else {
+            return;
+        };
+        let inc = ward.inc;
+        if self.links.get(&n).is_some_and(|l| l.inc == inc) {
+            self.freeze(n, inc);
+        }
+        let floor = self.dead_floor.entry(n).or_insert(0);
+        *floor = (*floor).max(inc);
+        let mut terms = BTreeMap::new();
+        let folded = ward.ledger.folded.contains(&(self.cfg.id, self.inc));
+        if let Some(rec) = self.frozen.get(&(n, inc)).filter(|_| !folded) {
+            for (&k, &(f, s)) in &rec.counters {
+                terms.insert(k, i128::from(f) - i128::from(s));
+            }
+        }
+        let waiting: BTreeSet<NodeId> = ward
+            .ledger
+            .neighbours
+            .iter()
+            .copied()
+            .filter(|&j| j != self.cfg.id && j != n)
+            .collect();
+        let me = self.cfg.id;
+        for &j in &waiting {
+            self.link_entry(j, 0, false);
+        }
+        // Succession (seed 003 §IV applied to heirs): the dead node's wards get us as heir,
+        // or a verdict if it had already settled them.
+        for &(w, wi) in &ward.ledger.settled {
+            let e = self.settled.entry(w).or_insert(0);
+            *e = (*e).max(wi);
+        }
+        for &w in &ward.ledger.wards {
+            // We settle our own heir only when it restarted: keep it (its new incarnation).
+            if w != me {
+                // A verdict only reaches the incarnation it names (or an older one).
+                if let Some(&(_, wi)) = ward.ledger.settled.iter().find(|s| s.0 == w) {
+                    self.link_entry(w, 0, false).verdict = wi;
+                }
+                self.successions.insert(w, (n, inc));
+                self.link_entry(w, 0, false);
+            }
+        }
+        self.settling.insert(
+            (n, inc),
+            Settlement {
+                ward,
+                waiting,
+                terms,
+            },
+        );
+        if self
+            .settling
+            .get(&(n, inc))
+            .is_some_and(|s| s.waiting.is_empty())
+        {
+            self.finish_settle(n, inc);
+        }
+    }
+
+    /// All counters are in: inherit the estate (seed 003 §IV `C_b ← C_b + C_i`, exactly).
+    fn finish_settle(&mut self, n: NodeId, inc: u64) {
+        let Some(s) = self.settling.remove(&(n, inc)) else {
+            return;
+        };
+        let reserve = if s.ward.leaving {
+            0
+        } else {
+            self.cfg.reservation(n)
+        };
+        let ward_default: u64 = s
+            .ward
+            .ledger
+            .holdings
+            .iter()
+            .map(|&h| self.cfg.part(h))
+            .sum();
+        let bases: BTreeMap<Key, i64> = s.ward.ledger.bases.iter().copied().collect();
+        let mut touched: BTreeSet<Key> = self.keys.keys().copied().collect();
+        touched.extend(bases.keys().copied());
+        touched.extend(s.terms.keys().copied());
+        for k in touched {
+            let base = bases
+                .get(&k)
+                .map_or(i128::from(ward_default), |&b| i128::from(b));
+            let term = s.terms.get(&k).copied().unwrap_or(0);
+            let estate = (base - i128::from(reserve) + term).max(0);
+            let ks = self.key_mut(k);
+            ks.base = i64::try_from(i128::from(ks.base) + estate).unwrap_or(i64::MAX);
+        }
+        // Keys nobody has state for: take over the dead node's initial shares.
+        for h in s.ward.ledger.holdings {
+            let h = match (h.part, s.ward.leaving) {
+                (_, true) => Some(h),
+                (Part::Full, false) if h.node == n => Some(Holding {
+                    node: n,
+                    part: Part::ShareOnly,
+                }),
+                (Part::ReserveOnly, false) if h.node == n => None,
+                _ => Some(h),
+            };
+            if let Some(h) = h {
+                self.holdings.push(h);
+            }
+        }
+        self.default_base = self.holdings.iter().map(|&h| self.cfg.part(h)).sum();
+        self.ledger_version += 1;
+        let e = self.settled.entry(n).or_insert(0);
+        *e = (*e).max(inc);
+    }
+
+    /// Told by the heir that incarnation `dead` was declared dead and inherited: come back
+    /// as a new incarnation holding only the reservation (pitfall (c)).
+    fn reincarnate(&mut self, now: Nanos, dead: u64) {
+        self.inc = dead.max(self.inc) + 1;
+        let member = self.cfg.members.contains(&self.cfg.id);
+        self.holdings = if member {
+            vec![Holding {
+                node: self.cfg.id,
+                part: Part::ReserveOnly,
+            }]
+        } else {
+            Vec::new()
+        };
+        self.default_base = self.holdings.iter().map(|&h| self.cfg.part(h)).sum();
+        self.keys.clear();
+        self.wards.clear();
+        self.successions.clear();
+        // `settled` and `dead_floor` survive: those incarnations are dead and settled (the
+        // estates died with our old incarnation), and must never be settled twice.
+        self.settling.clear();
+        self.lease_until = 0;
+        self.amnesiac = true;
+        self.ledger_version += 1;
+        for l in self.links.values_mut() {
+            l.inc = 0;
+            l.echo = 0;
+            l.indicator_at = 0;
+            l.verdict = 0;
+            l.replies.clear();
+        }
+        let _ = now;
+    }
+}

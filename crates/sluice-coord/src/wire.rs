@@ -1,0 +1,462 @@
+//! Messages between nodes and their compact binary encoding.
+//!
+//! One [`Message`] per link and send carries every active key in one batch. Integers are
+//! LEB128 varints, indicators `f32`. [`decode`] never panics: malformed input gives a
+//! [`WireError`] (checked by a proptest on random bytes).
+
+/// A node id.
+pub type NodeId = u32;
+/// A dynamic limit key (a hashed IP, a tenant id).
+pub type Key = u64;
+
+const VERSION: u8 = 1;
+
+/// A node's lifecycle (membership, issue item 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lifecycle {
+    /// Started; has not heard from a neighbour yet.
+    Joining,
+    /// Taking part in the law.
+    Active,
+    /// Handing its capacity to its heir before leaving.
+    Leaving,
+    /// Gone; holds nothing.
+    Left,
+}
+
+/// Which part of a node's initial share of every key a holding covers (see
+/// [`crate::node`] "Holdings").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// The node's whole initial share (an original member's first incarnation).
+    Full,
+    /// Only its reservation (a restarted node; a node that joined later holds 0).
+    ReserveOnly,
+    /// The initial share minus the reservation (what an heir inherits).
+    ShareOnly,
+}
+
+/// One entry of a holdings list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holding {
+    /// Whose initial share.
+    pub node: NodeId,
+    /// Which part of it.
+    pub part: Part,
+}
+
+/// The sender's whole ledger, sent to its heir (seed 003 §IV "inform node b_i of its rate").
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Ledger {
+    /// Monotone version (bumped when a base changes); the heir acknowledges it.
+    pub version: u64,
+    /// Default base of every key (initial shares held, own and inherited).
+    pub holdings: Vec<Holding>,
+    /// Keys whose base differs from the default (after inheriting), with the base.
+    pub bases: Vec<(Key, i64)>,
+    /// The sender's neighbours (whom the heir asks to settle).
+    pub neighbours: Vec<NodeId>,
+    /// The sender's own wards (they need a new heir if the sender dies).
+    pub wards: Vec<NodeId>,
+    /// Incarnations the sender settled as heir (their estates are in its bases).
+    pub settled: Vec<(NodeId, u64)>,
+    /// Links `(peer, peer incarnation)` the sender froze and folded into its bases: its heir
+    /// must not count them again from the peer's side.
+    pub folded: Vec<(NodeId, u64)>,
+}
+
+/// Per-key state of the link, as the sender sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyEntry {
+    /// The key.
+    pub key: Key,
+    /// Cumulative capacity the sender ever gave the receiver on this key (monotone).
+    pub given: u64,
+    /// Cumulative capacity the sender has received from the receiver (an acknowledgement).
+    pub seen: u64,
+    /// The sender's performance indicator `p`.
+    pub indicator: f32,
+    /// Case IV bound: the sender's share reached its demand.
+    pub saturated: bool,
+}
+
+/// A neighbour's final counters with a dead incarnation, for its heir.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SettleReply {
+    /// The dead node.
+    pub dead: NodeId,
+    /// Its dead incarnation.
+    pub incarnation: u64,
+    /// Per key: `(key, F = given to the dead, S = received from the dead)`.
+    pub entries: Vec<(Key, u64, u64)>,
+}
+
+/// Everything one node tells a neighbour in one send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Sender's incarnation (increases on restart and after being declared dead).
+    pub from_inc: u64,
+    /// The receiver's incarnation as the sender knows it (0: unknown).
+    pub to_inc: u64,
+    /// Sender's clock at send time (echoed back for leases; never compared across clocks).
+    pub sent_at: u64,
+    /// The latest `sent_at` the sender received from the receiver: the receiver's own clock.
+    pub echo: u64,
+    /// Sender's lifecycle.
+    pub lifecycle: Lifecycle,
+    /// The sender names the receiver its heir (and `ledger` is set).
+    pub to_heir: bool,
+    /// From an heir: "your incarnation N was declared dead and inherited" (0: none).
+    pub dead_verdict: u64,
+    /// Sender's ledger, for its heir.
+    pub ledger: Option<Ledger>,
+    /// All active keys.
+    pub keys: Vec<KeyEntry>,
+    /// Settlement requests `(dead node, incarnation)` from an heir.
+    pub settle_requests: Vec<(NodeId, u64)>,
+    /// Settlement replies to an heir.
+    pub settle_replies: Vec<SettleReply>,
+    /// "Your heir `(node, incarnation)` was declared dead; I, its heir, replace it."
+    pub succession: Option<(NodeId, u64)>,
+    /// From an heir: the version of the receiver's ledger it holds.
+    pub ledger_ack: u64,
+}
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The input ended inside a field.
+    #[error("message truncated at byte {0}")]
+    Truncated(usize),
+    /// Unknown protocol version.
+    #[error("unsupported message version {0}")]
+    Version(u8),
+    /// A varint longer than 10 bytes or above the field's range.
+    #[error("integer out of range at byte {0}")]
+    Overflow(usize),
+    /// An enum tag out of range.
+    #[error("invalid tag {tag} at byte {at}")]
+    Tag {
+        /// The tag.
+        tag: u8,
+        /// Where.
+        at: usize,
+    },
+    /// A count larger than the remaining input could hold.
+    #[error("count {0} larger than the message")]
+    Count(u64),
+    /// A non-finite indicator.
+    #[error("indicator is not finite at byte {0}")]
+    NonFinite(usize),
+    /// Bytes left after the message.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+}
+
+/// Encodes a message.
+#[must_use]
+pub fn encode(m: &Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + m.keys.len() * 12);
+    out.push(VERSION);
+    for v in [
+        m.from_inc,
+        m.to_inc,
+        m.sent_at,
+        m.echo,
+        m.dead_verdict,
+        m.ledger_ack,
+    ] {
+        put(&mut out, v);
+    }
+    let life = match m.lifecycle {
+        Lifecycle::Joining => 0,
+        Lifecycle::Active => 1,
+        Lifecycle::Leaving => 2,
+        Lifecycle::Left => 3,
+    };
+    out.push(life | (u8::from(m.to_heir) << 2) | (u8::from(m.ledger.is_some()) << 3));
+    if let Some(l) = &m.ledger {
+        put(&mut out, l.version);
+        put(&mut out, l.holdings.len() as u64);
+        for h in &l.holdings {
+            put(&mut out, u64::from(h.node));
+            out.push(match h.part {
+                Part::Full => 0,
+                Part::ReserveOnly => 1,
+                Part::ShareOnly => 2,
+            });
+        }
+        put(&mut out, l.bases.len() as u64);
+        for &(k, b) in &l.bases {
+            put(&mut out, k);
+            // Zigzag: small magnitudes of either sign stay short.
+            put(&mut out, ((b << 1) ^ (b >> 63)) as u64);
+        }
+        for list in [&l.neighbours, &l.wards] {
+            put(&mut out, list.len() as u64);
+            for &n in list {
+                put(&mut out, u64::from(n));
+            }
+        }
+        for list in [&l.settled, &l.folded] {
+            put(&mut out, list.len() as u64);
+            for &(n, inc) in list {
+                put(&mut out, u64::from(n));
+                put(&mut out, inc);
+            }
+        }
+    }
+    put(&mut out, m.keys.len() as u64);
+    for e in &m.keys {
+        put(&mut out, e.key);
+        put(&mut out, e.given);
+        put(&mut out, e.seen);
+        out.extend_from_slice(&e.indicator.to_le_bytes());
+        out.push(u8::from(e.saturated));
+    }
+    put(&mut out, m.settle_requests.len() as u64);
+    for &(n, inc) in &m.settle_requests {
+        put(&mut out, u64::from(n));
+        put(&mut out, inc);
+    }
+    put(&mut out, m.settle_replies.len() as u64);
+    for r in &m.settle_replies {
+        put(&mut out, u64::from(r.dead));
+        put(&mut out, r.incarnation);
+        put(&mut out, r.entries.len() as u64);
+        for &(k, f, s) in &r.entries {
+            put(&mut out, k);
+            put(&mut out, f);
+            put(&mut out, s);
+        }
+    }
+    match m.succession {
+        None => out.push(0),
+        Some((n, inc)) => {
+            out.push(1);
+            put(&mut out, u64::from(n));
+            put(&mut out, inc);
+        }
+    }
+    out
+}
+
+/// Decodes a message; never panics.
+///
+/// # Errors
+/// A [`WireError`] saying what is wrong and where.
+pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
+    let mut r = Reader { b: bytes, at: 0 };
+    let v = r.byte()?;
+    if v != VERSION {
+        return Err(WireError::Version(v));
+    }
+    let from_inc = r.var()?;
+    let to_inc = r.var()?;
+    let sent_at = r.var()?;
+    let echo = r.var()?;
+    let dead_verdict = r.var()?;
+    let ledger_ack = r.var()?;
+    let at = r.at;
+    let flags = r.byte()?;
+    if flags >> 4 != 0 {
+        return Err(WireError::Tag { tag: flags, at });
+    }
+    let lifecycle = match flags & 3 {
+        0 => Lifecycle::Joining,
+        1 => Lifecycle::Active,
+        2 => Lifecycle::Leaving,
+        _ => Lifecycle::Left,
+    };
+    let to_heir = flags & 4 != 0;
+    let ledger = if flags & 8 != 0 {
+        let version = r.var()?;
+        let n = r.count(2)?;
+        let mut holdings = Vec::with_capacity(n);
+        for _ in 0..n {
+            let node = r.id()?;
+            let at = r.at;
+            let part = match r.byte()? {
+                0 => Part::Full,
+                1 => Part::ReserveOnly,
+                2 => Part::ShareOnly,
+                tag => return Err(WireError::Tag { tag, at }),
+            };
+            holdings.push(Holding { node, part });
+        }
+        let n = r.count(2)?;
+        let mut bases = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = r.var()?;
+            let z = r.var()?;
+            bases.push((k, ((z >> 1) as i64) ^ -((z & 1) as i64)));
+        }
+        let n = r.count(1)?;
+        let mut neighbours = Vec::with_capacity(n);
+        for _ in 0..n {
+            neighbours.push(r.id()?);
+        }
+        let n = r.count(1)?;
+        let mut wards = Vec::with_capacity(n);
+        for _ in 0..n {
+            wards.push(r.id()?);
+        }
+        let n = r.count(2)?;
+        let mut settled = Vec::with_capacity(n);
+        for _ in 0..n {
+            settled.push((r.id()?, r.var()?));
+        }
+        let n = r.count(2)?;
+        let mut folded = Vec::with_capacity(n);
+        for _ in 0..n {
+            folded.push((r.id()?, r.var()?));
+        }
+        Some(Ledger {
+            version,
+            holdings,
+            bases,
+            neighbours,
+            wards,
+            settled,
+            folded,
+        })
+    } else {
+        None
+    };
+    let n = r.count(8)?;
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let key = r.var()?;
+        let given = r.var()?;
+        let seen = r.var()?;
+        let at = r.at;
+        let bits = r.take4()?;
+        let indicator = f32::from_le_bytes(bits);
+        if !indicator.is_finite() {
+            return Err(WireError::NonFinite(at));
+        }
+        let at = r.at;
+        let saturated = match r.byte()? {
+            0 => false,
+            1 => true,
+            tag => return Err(WireError::Tag { tag, at }),
+        };
+        keys.push(KeyEntry {
+            key,
+            given,
+            seen,
+            indicator,
+            saturated,
+        });
+    }
+    let n = r.count(2)?;
+    let mut settle_requests = Vec::with_capacity(n);
+    for _ in 0..n {
+        settle_requests.push((r.id()?, r.var()?));
+    }
+    let n = r.count(3)?;
+    let mut settle_replies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let dead = r.id()?;
+        let incarnation = r.var()?;
+        let m = r.count(3)?;
+        let mut entries = Vec::with_capacity(m);
+        for _ in 0..m {
+            entries.push((r.var()?, r.var()?, r.var()?));
+        }
+        settle_replies.push(SettleReply {
+            dead,
+            incarnation,
+            entries,
+        });
+    }
+    let at = r.at;
+    let succession = match r.byte()? {
+        0 => None,
+        1 => Some((r.id()?, r.var()?)),
+        tag => return Err(WireError::Tag { tag, at }),
+    };
+    if r.at != bytes.len() {
+        return Err(WireError::Trailing(bytes.len() - r.at));
+    }
+    Ok(Message {
+        from_inc,
+        to_inc,
+        sent_at,
+        echo,
+        lifecycle,
+        to_heir,
+        dead_verdict,
+        ledger,
+        keys,
+        settle_requests,
+        settle_replies,
+        succession,
+        ledger_ack,
+    })
+}
+
+fn put(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> Result<u8, WireError> {
+        let v = *self.b.get(self.at).ok_or(WireError::Truncated(self.at))?;
+        self.at += 1;
+        Ok(v)
+    }
+
+    fn take4(&mut self) -> Result<[u8; 4], WireError> {
+        let s = self
+            .b
+            .get(self.at..self.at + 4)
+            .ok_or(WireError::Truncated(self.at))?;
+        self.at += 4;
+        let mut a = [0u8; 4];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn var(&mut self) -> Result<u64, WireError> {
+        let start = self.at;
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            let part = u64::from(b & 0x7f);
+            if shift == 63 && part > 1 {
+                return Err(WireError::Overflow(start));
+            }
+            v |= part << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(WireError::Overflow(start))
+    }
+
+    fn id(&mut self) -> Result<NodeId, WireError> {
+        let at = self.at;
+        NodeId::try_from(self.var()?).map_err(|_| WireError::Overflow(at))
+    }
+
+    /// A count of items of at least `min_bytes` each: refused if it cannot fit, so a
+    /// forged count never makes us allocate much.
+    fn count(&mut self, min_bytes: usize) -> Result<usize, WireError> {
+        let n = self.var()?;
+        let left = (self.b.len() - self.at) as u64;
+        if n.saturating_mul(min_bytes as u64) > left {
+            return Err(WireError::Count(n));
+        }
+        usize::try_from(n).map_err(|_| WireError::Count(n))
+    }
+}

@@ -1,0 +1,325 @@
+#![allow(clippy::unwrap_used)]
+//! Property tests: conservation under random networks and failures; the wire decoder.
+
+use proptest::prelude::*;
+use sluice_coord::law::jfi;
+use sluice_coord::node::{Config, Fallback};
+use sluice_coord::testing::{Cluster, NetConfig, Step, complete, ring};
+use sluice_coord::wire::{
+    self, Holding, KeyEntry, Ledger, Lifecycle, Message, NodeId, Part, SettleReply,
+};
+
+const CYCLE: u64 = 100_000_000;
+const LIMIT: u64 = 1_000_000;
+const KEYS: [u64; 2] = [1, 2];
+
+#[derive(Debug, Clone)]
+enum Event {
+    Run(u64),
+    Demand(u32, usize, f64),
+    CrashRestart(u32, u64),
+    /// One node cut off (see the module docs of `node` for why not groups).
+    PartitionHeal(u32, u64),
+}
+
+fn event(crashes: bool, partitions: bool) -> impl Strategy<Value = Event> {
+    let run = (1u64..20).prop_map(Event::Run);
+    let demand =
+        (0u32..6, 0usize..2, 0.0f64..400_000.0).prop_map(|(n, k, r)| Event::Demand(n, k, r));
+    let crash = (0u32..6, 1u64..25).prop_map(|(n, d)| Event::CrashRestart(n, d));
+    let cut = (0u32..6, 1u64..30).prop_map(|(n, d)| Event::PartitionHeal(n, d));
+    let crash = if crashes {
+        crash.boxed()
+    } else {
+        run.clone().boxed()
+    };
+    let cut = if partitions {
+        cut.boxed()
+    } else {
+        run.clone().boxed()
+    };
+    prop_oneof![run, demand, crash, cut]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Issue item 3 / seed 003 §IV: under loss (≤ 50%), duplication, reordering and delay,
+    /// Σ enforced ≤ L at every event; once messages get through Σ = L exactly and the
+    /// indicators equalise (JFI ≥ 0.99, seed 003 eq. 16, steady demand, C = 1.1 Λ, §III-A).
+    #[test]
+    fn conservation_under_network_faults(
+        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(event(false, false), 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, true)?;
+    }
+
+    /// Issue item 5, strict modes: with crashes and restarts on top of the network faults,
+    /// Σ enforced ≤ L at every event (safety). Exactness afterwards is not asserted: a node
+    /// that crashes before its heir ever heard from it, or a settlement whose replier lost its
+    /// memory, loses capacity (never counts it twice); see docs/PROTOCOL.md.
+    #[test]
+    fn safety_under_crashes(
+        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(event(true, false), 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, false)?;
+    }
+
+    /// The same with one node cut off at a time (partitions: pitfalls (b) and (c)).
+    #[test]
+    fn safety_under_partitions(
+        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(event(false, true), 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, false)?;
+    }
+
+    /// The decoder never panics on arbitrary bytes.
+    #[test]
+    fn decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let _ = wire::decode(&bytes);
+    }
+
+    /// Mutated valid messages never panic the decoder either.
+    #[test]
+    fn decoder_survives_mutations(m in message(), at in any::<prop::sample::Index>(), b in any::<u8>()) {
+        let mut bytes = wire::encode(&m);
+        let i = at.index(bytes.len());
+        bytes[i] = b;
+        let _ = wire::decode(&bytes);
+        let _ = wire::decode(&bytes[..i]);
+    }
+
+    /// Encoding round-trips.
+    #[test]
+    fn encode_decode_round_trip(m in message()) {
+        let bytes = wire::encode(&m);
+        prop_assert_eq!(wire::decode(&bytes).unwrap(), m);
+    }
+}
+
+/// Crashes, restarts and one-node partitions mixed, on top of the network faults: Σ enforced
+/// ≤ L at every event (strict modes). `PROPTEST_CASES` scales it like the others.
+#[test]
+fn safety_under_mixed_failures() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(cases));
+    let strategy = (
+        (
+            3u32..7,
+            any::<bool>(),
+            0.0f64..0.5,
+            0.0f64..0.3,
+            0u64..3,
+            any::<bool>(),
+            any::<u64>(),
+        ),
+        prop::collection::vec(event(true, true), 1..8),
+        prop::collection::vec(0.5f64..1.5, 6),
+    );
+    let result = runner.run(
+        &strategy,
+        |((n, dense, loss, dup, delay, reserved, seed), events, shape)| {
+            run_scenario(
+                n, dense, loss, dup, delay, reserved, seed, events, &shape, false,
+            )
+        },
+    );
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_scenario(
+    n: u32,
+    dense: bool,
+    loss: f64,
+    dup: f64,
+    delay: u64,
+    reserved: bool,
+    seed: u64,
+    events: Vec<Event>,
+    shape: &[f64],
+    exact: bool,
+) -> Result<(), TestCaseError> {
+    let edges = if dense { complete(n) } else { ring(n) };
+    let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
+        let d: f64 = links.iter().map(|l| l.1).sum();
+        let mut c = Config::new(id, (0..n).collect(), links, LIMIT);
+        c.gamma = 1.0 / (2.0 * d);
+        c.cycle = CYCLE;
+        c.lease = 10 * CYCLE;
+        c.demand_tau = 2 * CYCLE;
+        if reserved {
+            c.fallback = Fallback::Reserved(0.3);
+        }
+        c
+    };
+    let net = NetConfig {
+        loss,
+        dup,
+        max_delay: delay * CYCLE,
+    };
+    let mut c = Cluster::new(n, &edges, make, net, seed).unwrap();
+    for i in 0..n {
+        c.apply(Step::SetDemand(i, KEYS[0], 150_000.0));
+    }
+    // Every heir has heard from its ward once (a node that crashes before its heir ever
+    // heard from it loses its initial share: documented, never counted twice).
+    c.apply(Step::Run(20));
+    for e in events {
+        match e {
+            Event::Run(k) => c.apply(Step::Run(k)),
+            Event::Demand(i, k, r) => c.apply(Step::SetDemand(i % n, KEYS[k], r)),
+            Event::CrashRestart(i, d) => {
+                c.apply(Step::Crash(i % n));
+                c.apply(Step::Run(d));
+                c.apply(Step::Restart(i % n));
+            }
+            Event::PartitionHeal(i, d) => {
+                c.apply(Step::Partition(vec![i % n]));
+                c.apply(Step::Run(d));
+                c.apply(Step::Heal);
+            }
+        }
+        // Failures do not overlap: each one is settled before the next.
+        c.apply(Step::Run(35));
+        prop_assert!(c.violations.is_empty(), "{:?}\n{:?}", c.violations, c.log);
+    }
+    // Heal; steady demands with Σλ = L / 1.1 (seed 003 §III-A).
+    c.apply(Step::Heal);
+    c.set_net(NetConfig::perfect());
+    let total: f64 = shape.iter().take(n as usize).sum();
+    for k in KEYS {
+        for i in 0..n {
+            let r = LIMIT as f64 / 1.1 * shape[i as usize] / total;
+            c.apply(Step::SetDemand(i, k, r));
+        }
+    }
+    c.apply(Step::Run(250));
+    prop_assert!(c.violations.is_empty(), "{:?}", c.violations);
+    for k in KEYS {
+        prop_assert!(c.sum_own(k) <= LIMIT);
+        if !exact {
+            continue;
+        }
+        prop_assert_eq!(c.sum_own(k), LIMIT, "key {} log {:?}", k, c.log);
+        prop_assert_eq!(c.sum_enforced(k), LIMIT, "key {}", k);
+        let q = c.indicators(k);
+        prop_assert!(jfi(&q) >= 0.99, "JFI {} q {:?}", jfi(&q), q);
+    }
+    Ok(())
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    let entry = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        -1e6f32..1e6,
+        any::<bool>(),
+    )
+        .prop_map(|(key, given, seen, indicator, saturated)| KeyEntry {
+            key,
+            given,
+            seen,
+            indicator,
+            saturated,
+        });
+    let part = prop_oneof![
+        Just(Part::Full),
+        Just(Part::ReserveOnly),
+        Just(Part::ShareOnly)
+    ];
+    let ledger = (
+        prop::collection::vec(
+            (any::<u32>(), part).prop_map(|(node, part)| Holding { node, part }),
+            0..4,
+        ),
+        prop::collection::vec((any::<u64>(), any::<i64>()), 0..4),
+        prop::collection::vec(any::<u32>(), 0..4),
+        prop::collection::vec(any::<u32>(), 0..4),
+        prop::collection::vec((any::<u32>(), any::<u64>()), 0..3),
+    )
+        .prop_map(|(holdings, bases, neighbours, wards, settled)| Ledger {
+            version: bases.len() as u64 * 7,
+            holdings,
+            bases,
+            neighbours,
+            wards,
+            folded: settled.clone(),
+            settled,
+        });
+    let reply = (
+        any::<u32>(),
+        any::<u64>(),
+        prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..3),
+    )
+        .prop_map(|(dead, incarnation, entries)| SettleReply {
+            dead,
+            incarnation,
+            entries,
+        });
+    let life = prop_oneof![
+        Just(Lifecycle::Joining),
+        Just(Lifecycle::Active),
+        Just(Lifecycle::Leaving),
+        Just(Lifecycle::Left)
+    ];
+    (
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        life,
+        any::<bool>(),
+        prop::option::of(ledger),
+        prop::collection::vec(entry, 0..6),
+        prop::collection::vec((any::<u32>(), any::<u64>()), 0..3),
+        prop::collection::vec(reply, 0..2),
+        prop::option::of((any::<u32>(), any::<u64>())),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                (from_inc, to_inc, sent_at, echo, dead_verdict),
+                lifecycle,
+                to_heir,
+                ledger,
+                keys,
+                settle_requests,
+                settle_replies,
+                succession,
+                ledger_ack,
+            )| {
+                Message {
+                    from_inc,
+                    to_inc,
+                    sent_at,
+                    echo,
+                    lifecycle,
+                    to_heir,
+                    dead_verdict,
+                    ledger,
+                    keys,
+                    settle_requests,
+                    settle_replies,
+                    succession,
+                    ledger_ack,
+                }
+            },
+        )
+}

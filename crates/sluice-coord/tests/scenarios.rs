@@ -1,0 +1,448 @@
+#![allow(clippy::unwrap_used)]
+//! Scenario tests of the coordination core on the deterministic in-memory network.
+
+use sluice_coord::law::{Measure, jfi};
+use sluice_coord::node::{Config, Fallback, Node};
+use sluice_coord::stability::{ConfigError, check_cluster};
+use sluice_coord::testing::{Cluster, NetConfig, Step, complete, links_of, path, ring};
+use sluice_coord::wire::NodeId;
+
+const CYCLE: u64 = 100_000_000;
+const LEASE: u64 = 1_000_000_000;
+const KEY: u64 = 7;
+
+fn cfg(n: u32, gamma: f64, limit: u64) -> impl Fn(NodeId, Vec<(NodeId, f64)>) -> Config {
+    move |id, links| {
+        let mut c = Config::new(id, (0..n).collect(), links, limit);
+        c.gamma = gamma;
+        c.cycle = CYCLE;
+        c.lease = LEASE;
+        c.demand_tau = 2 * CYCLE;
+        c
+    }
+}
+
+/// Seed 003 §III-A: N = 10 ring, λ_i = i/(N+1), C = 1.1 Λ, η = 1/4 (eq. 15 bound).
+fn ring_demands(c: &mut Cluster, scale: f64) -> u64 {
+    let n = 10;
+    let mut lambda = 0.0;
+    for i in 1..=n {
+        let l = scale * f64::from(i) / f64::from(n + 1);
+        lambda += l;
+        c.apply(Step::SetDemand(i - 1, KEY, l));
+    }
+    lambda as u64
+}
+
+#[test]
+fn stability_bound_refuses_too_large_gain() {
+    // Seed 003 eq. 15: on a ring (d = 2) η ≤ 1/4 is accepted, more is refused.
+    let edges = ring(10);
+    assert!(check_cluster(10, &edges, 0.25, &Measure::Throttled).is_ok());
+    let err = check_cluster(10, &edges, 0.3, &Measure::Throttled).unwrap_err();
+    assert!(matches!(err, ConfigError::Unstable { .. }), "{err}");
+    assert!(err.to_string().contains("seed 003 Thm 1"), "{err}");
+    // The node refuses it too, from its own links.
+    let mut c = Config::new(0, vec![0, 1, 2], vec![(1, 1.0), (2, 1.0)], 100);
+    c.gamma = 0.3;
+    assert!(matches!(
+        Node::new(c.clone(), 0),
+        Err(ConfigError::Unstable { .. })
+    ));
+    // Weighted degree counts: weights 2 + 2 allow γ ≤ 1/8.
+    c.links = vec![(1, 2.0), (2, 2.0)];
+    c.gamma = 0.13;
+    assert!(matches!(
+        Node::new(c.clone(), 0),
+        Err(ConfigError::Unstable { .. })
+    ));
+    c.gamma = 0.125;
+    assert!(Node::new(c.clone(), 0).is_ok());
+    // Scale-dependent measures: Case II with min demand 10 allows γ ≤ 10/(2·4).
+    c.measure = Measure::ThrottledRatio { min_demand: 10.0 };
+    c.gamma = 1.25;
+    assert!(Node::new(c.clone(), 0).is_ok());
+    c.gamma = 1.3;
+    assert!(Node::new(c, 0).is_err());
+    // Seed 000 Lemma 2: a disconnected graph never equalises.
+    let e = [(0, 1, 1.0), (2, 3, 1.0)];
+    assert!(matches!(
+        check_cluster(4, &e, 0.1, &Measure::Throttled),
+        Err(ConfigError::Disconnected { .. })
+    ));
+}
+
+#[test]
+fn ring_converges_seed003_iiia() {
+    // Seed 003 §III-A / Fig. 4: JFI(q) → ~1 on the 10-ring with η = 1/4.
+    let scale = 10_000.0;
+    let limit = (scale * 55.0 / 11.0 * 1.1) as u64;
+    let mut c = Cluster::new(10, &ring(10), cfg(10, 0.25, limit), NetConfig::perfect(), 1).unwrap();
+    ring_demands(&mut c, scale);
+    c.apply(Step::Run(300));
+    let q = c.indicators(KEY);
+    assert!(jfi(&q) >= 0.99, "JFI {} q {q:?}", jfi(&q));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn every_measure_converges_on_a_path() {
+    // Seed 000 Table 1 Cases I–III and seed 003's M/M/1 response time: the law equalises
+    // the measure (seed 003 Thm 1) with γ at the bound of eq. 9.
+    // Fine units (1 unit = 1/100 request) keep the integer dead zone of the gifts small.
+    let limit = 6_000_000;
+    let demands = [500_000.0, 1_000_000.0, 1_500_000.0, 2_000_000.0];
+    let measures = [
+        (Measure::Throttled, 0.25),
+        (
+            Measure::ThrottledRatio {
+                min_demand: 100_000.0,
+            },
+            25_000.0,
+        ),
+        (
+            Measure::LogRatio {
+                min_share: 100_000.0,
+            },
+            25_000.0,
+        ),
+        (
+            Measure::MeanResponseTime { max_response: 1e-5 },
+            2_500_000_000.0,
+        ),
+    ];
+    for (m, gamma) in measures {
+        let make = move |id, links| {
+            let mut c = cfg(4, gamma, limit)(id, links);
+            c.measure = m;
+            c
+        };
+        let mut c = Cluster::new(4, &path(4), make, NetConfig::perfect(), 2).unwrap();
+        for (i, d) in demands.iter().enumerate() {
+            c.apply(Step::SetDemand(i as u32, KEY, *d));
+        }
+        c.apply(Step::Run(600));
+        let q = c.indicators(KEY);
+        let spread =
+            q.iter().copied().fold(f64::MIN, f64::max) - q.iter().copied().fold(f64::MAX, f64::min);
+        let scale = q.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-9);
+        assert!(spread / scale < 0.05, "{m:?}: q {q:?}");
+        assert_eq!(c.sum_own(KEY), limit, "{m:?}");
+    }
+}
+
+#[test]
+fn case_iv_respects_appendix_bounds() {
+    // Seed 000 App. Case IV: p = x is unstable without bounds; with them shares stay in
+    // [0, r] once saturated and the sum is conserved.
+    let limit = 3_000;
+    let make = |id, links| {
+        let mut c = cfg(3, 0.25, limit)(id, links);
+        c.measure = Measure::Allowed;
+        c
+    };
+    let mut c = Cluster::new(3, &path(3), make, NetConfig::perfect(), 3).unwrap();
+    for (i, d) in [500.0, 1_200.0, 2_000.0].into_iter().enumerate() {
+        c.apply(Step::SetDemand(i as u32, KEY, d));
+    }
+    c.apply(Step::Run(300));
+    assert_eq!(c.sum_own(KEY), limit);
+    for i in 0..3 {
+        let n = c.node(i).unwrap();
+        assert!(
+            n.own(KEY) as f64 <= n.demand(KEY).max(1_000.0) + 1.0 || i == 2,
+            "node {i}"
+        );
+    }
+}
+
+#[test]
+fn lossy_network_conserves_and_converges() {
+    // Seed 003 §IV message loss: with 40% loss, duplicates and reordering the sum of
+    // enforced limits never exceeds L; once messages get through it is exactly L and the
+    // indicators equalise.
+    let scale = 10_000.0;
+    let limit = (scale * 5.0 * 1.1) as u64;
+    let net = NetConfig {
+        loss: 0.4,
+        dup: 0.2,
+        max_delay: 3 * CYCLE,
+    };
+    let mut c = Cluster::new(10, &ring(10), cfg(10, 0.25, limit), net, 4).unwrap();
+    ring_demands(&mut c, scale);
+    c.apply(Step::Run(300));
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert!(c.sum_own(KEY) <= limit);
+    c.set_net(NetConfig::perfect());
+    c.apply(Step::Run(300));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert_eq!(c.sum_enforced(KEY), limit);
+    let q = c.indicators(KEY);
+    assert!(jfi(&q) >= 0.99, "JFI {} {q:?}", jfi(&q));
+}
+
+#[test]
+fn crash_survivors_regain_capacity_within_lease_plus_two_cycles() {
+    // Seed 003 §IV best friend: the heir inherits a crashed node's capacity. With strict
+    // fallback None (no reservation) the survivors enforce all of L again within
+    // lease·(1+ρ)² + 2 cycles of the crash.
+    let limit = 50_000;
+    let mut c = Cluster::new(5, &ring(5), cfg(5, 0.25, limit), NetConfig::perfect(), 5).unwrap();
+    for i in 0..5 {
+        c.apply(Step::SetDemand(i, KEY, 8_000.0 + 1_000.0 * f64::from(i)));
+    }
+    c.apply(Step::Run(50));
+    let lost = c.node(2).unwrap().own(KEY);
+    assert!(lost > 0);
+    c.apply(Step::Crash(2));
+    assert_eq!(c.sum_enforced(KEY), limit - lost);
+    let budget = (LEASE as f64 * 1.001 * 1.001) as u64 + 2 * CYCLE;
+    c.apply(Step::Run(budget.div_ceil(CYCLE)));
+    // The crashed node's capacity is back in the survivors' shares (at its heir, node 3).
+    assert_eq!(
+        c.sum_own(KEY),
+        limit,
+        "survivors did not regain within lease + 2 cycles"
+    );
+    // Node 1 named node 2 its heir: its own lease lapsed meanwhile; node 3 succeeds node 2
+    // as its heir and node 1 enforces its share again two cycles later.
+    c.apply(Step::Run(2));
+    assert_eq!(c.node(1).unwrap().heir(), Some(3));
+    assert_eq!(c.sum_enforced(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    // Restart: the node comes back with nothing shared (pitfall (c)) and earns a share again.
+    c.apply(Step::Restart(2));
+    c.apply(Step::Run(1));
+    assert_eq!(c.node(2).unwrap().own(KEY), 0);
+    c.apply(Step::Run(100));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert!(c.node(2).unwrap().own(KEY) > 0);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn partitioned_node_stops_before_heir_inherits_with_clock_drift() {
+    // Pitfall (b): the partitioned node's lease (its clock) ends before its heir's
+    // deadline (the heir's clock), even with clock rates off by ρ in opposite directions.
+    // Pitfall (c): after healing it learns it was inherited and rejoins with nothing.
+    let limit = 40_000;
+    let mut c = Cluster::new(4, &ring(4), cfg(4, 0.25, limit), NetConfig::perfect(), 6).unwrap();
+    c.set_clock_rate(1, 1.0 / 1.001); // the partitioned node's clock runs slow
+    c.set_clock_rate(2, 1.001); // its heir's runs fast
+    for i in 0..4 {
+        c.apply(Step::SetDemand(i, KEY, 9_000.0 + 500.0 * f64::from(i)));
+    }
+    c.apply(Step::Run(40));
+    c.apply(Step::Partition(vec![1]));
+    for _ in 0..30 {
+        c.apply(Step::Run(1));
+        assert!(c.sum_enforced(KEY) <= limit, "over at {}", c.now());
+    }
+    assert_eq!(
+        c.sum_enforced(KEY),
+        limit - c.node(1).unwrap().enforced(KEY, c.now())
+    );
+    assert_eq!(c.node(1).unwrap().incarnation(), 1);
+    c.apply(Step::Heal);
+    c.apply(Step::Run(5));
+    let n1 = c.node(1).unwrap();
+    assert_eq!(n1.incarnation(), 2, "told it was declared dead");
+    c.apply(Step::Run(100));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert_eq!(c.sum_enforced(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn heir_does_not_double_count_gifts_made_after_last_report() {
+    // Pitfall (a): node 1 keeps giving to node 0 while its heir (node 2) cannot hear it,
+    // then crashes. The heir settles with node 0's received counter, so the gifts made
+    // after the last report are counted once.
+    let limit = 30_000;
+    let mut c = Cluster::new(3, &ring(3), cfg(3, 0.25, limit), NetConfig::perfect(), 7).unwrap();
+    // Ring 0-1-2-0; node 1's heir is node 2 (links_of sorts the next id first).
+    assert_eq!(c.node(1).unwrap().heir(), Some(2));
+    c.apply(Step::SetDemand(0, KEY, 1_000.0));
+    c.apply(Step::SetDemand(1, KEY, 1_000.0));
+    c.apply(Step::SetDemand(2, KEY, 1_000.0));
+    c.apply(Step::Run(30));
+    let before = c.node(1).unwrap().own(KEY);
+    // Node 2 is cut off; node 0 gets busy, node 1 gives to it within its lease.
+    c.apply(Step::Partition(vec![2]));
+    c.apply(Step::SetDemand(0, KEY, 25_000.0));
+    c.apply(Step::Run(6));
+    let after = c.node(1).unwrap().own(KEY);
+    assert!(
+        after < before,
+        "node 1 gave after its last report ({before} -> {after})"
+    );
+    c.apply(Step::Crash(1));
+    c.apply(Step::Heal);
+    c.apply(Step::Run(40));
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert_eq!(c.sum_own(KEY), limit, "settled exactly, counted once");
+    assert_eq!(c.sum_enforced(KEY), limit);
+}
+
+#[test]
+fn reserved_fallback_keeps_reservation_and_stays_strict() {
+    let limit = 40_000;
+    let make = |id, links| {
+        let mut c = cfg(4, 0.25, limit)(id, links);
+        c.fallback = Fallback::Reserved(0.5);
+        c
+    };
+    let mut c = Cluster::new(4, &ring(4), make, NetConfig::perfect(), 8).unwrap();
+    for i in 0..4 {
+        c.apply(Step::SetDemand(i, KEY, 20_000.0));
+    }
+    c.apply(Step::Run(20));
+    c.apply(Step::Partition(vec![3]));
+    c.apply(Step::Run(30));
+    // The cut-off node admits its reservation (half of its initial 10 000).
+    assert_eq!(c.node(3).unwrap().enforced(KEY, c.now()), 5_000);
+    assert_eq!(c.sum_enforced(KEY), limit);
+    c.apply(Step::Heal);
+    c.apply(Step::Run(60));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn last_share_fallback_may_exceed_the_limit() {
+    // Documented: LastShare trades the strict guarantee for availability.
+    let limit = 40_000;
+    let make = |id, links| {
+        let mut c = cfg(4, 0.25, limit)(id, links);
+        c.fallback = Fallback::LastShare;
+        c
+    };
+    let mut c = Cluster::new(4, &ring(4), make, NetConfig::perfect(), 9).unwrap();
+    for i in 0..4 {
+        c.apply(Step::SetDemand(i, KEY, 20_000.0));
+    }
+    c.apply(Step::Run(20));
+    c.apply(Step::Partition(vec![3]));
+    c.apply(Step::Run(30));
+    assert!(c.sum_enforced(KEY) > limit);
+}
+
+#[test]
+fn join_and_leave_conserve() {
+    // Membership: a joiner starts with nothing and earns a share; a leaver hands its
+    // capacity to its heir; the sum stays L throughout (γ = 1/6 leaves room for degree 3).
+    let limit = 40_000;
+    let mut c = Cluster::new(
+        4,
+        &ring(4),
+        cfg(4, 1.0 / 6.0, limit),
+        NetConfig::perfect(),
+        10,
+    )
+    .unwrap();
+    for i in 0..4 {
+        c.apply(Step::SetDemand(i, KEY, 9_000.0));
+    }
+    c.apply(Step::Run(20));
+    let mut joiner = cfg(4, 1.0 / 6.0, limit)(9, vec![(0, 1.0), (2, 1.0)]);
+    joiner.heir = Some(0);
+    c.apply(Step::AddNode(joiner));
+    c.apply(Step::SetDemand(9, KEY, 9_000.0));
+    c.apply(Step::Run(1));
+    assert_eq!(c.node(9).unwrap().own(KEY), 0);
+    c.apply(Step::Run(150));
+    assert_eq!(c.sum_own(KEY), limit);
+    assert!(c.node(9).unwrap().own(KEY) > 5_000, "joiner earned a share");
+    c.apply(Step::Leave(1));
+    c.apply(Step::Run(80));
+    assert_eq!(c.node(1).unwrap().own(KEY), 0);
+    assert_eq!(c.sum_own(KEY), limit);
+    assert_eq!(c.sum_enforced(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn many_keys_one_batch_and_bytes_per_key() {
+    // Only keys with activity have state; one message per link carries all of them.
+    let limit = 10_000;
+    let mut c = Cluster::new(
+        3,
+        &complete(3),
+        cfg(3, 0.25, limit),
+        NetConfig::perfect(),
+        11,
+    )
+    .unwrap();
+    c.apply(Step::Run(5));
+    let base = c.traffic;
+    for k in 0..100u64 {
+        c.apply(Step::SetDemand(
+            (k % 3) as u32,
+            1_000 + k,
+            2_000.0 + k as f64 * 10.0,
+        ));
+    }
+    c.apply(Step::Run(10));
+    let per_msg =
+        (c.traffic.bytes - base.bytes) as f64 / (c.traffic.messages - base.messages) as f64;
+    let empty = base.bytes as f64 / base.messages as f64;
+    let per_key = (per_msg - empty) / 100.0;
+    assert!(per_key < 24.0, "{per_key} bytes per key per message");
+    assert_eq!(
+        c.traffic.messages - base.messages,
+        10 * 3 * 2,
+        "one message per link per cycle"
+    );
+    for k in 0..100u64 {
+        assert_eq!(c.sum_own(1_000 + k), limit);
+    }
+    let n = c.node(0).unwrap();
+    assert_eq!(n.active_keys().count(), 100);
+    assert!(n.state_bytes_per_key() < 512, "{}", n.state_bytes_per_key());
+    assert_eq!(
+        c.node(0).unwrap().own(99_999),
+        limit / 3 + 1,
+        "idle key: implicit 1/N share"
+    );
+    let _ = links_of(0, &ring(3));
+}
+
+#[test]
+fn paced_links_keep_the_guarantees() {
+    // Seed 004 token accounts on the non-heir links: same guarantees, within the budget.
+    use sluice_coord::pacing::Strategy;
+    let limit = 66_000; // 1.1 × the total demand, as in seed 003 §III-A
+    let run = |pacing: Option<Strategy>| {
+        let make = move |id, links| {
+            let mut c = cfg(6, 0.1, limit)(id, links);
+            c.pacing = pacing;
+            c
+        };
+        let net = NetConfig {
+            loss: 0.2,
+            dup: 0.0,
+            max_delay: 0,
+        };
+        let mut c = Cluster::new(6, &complete(6), make, net, 12).unwrap();
+        for i in 0..6 {
+            c.apply(Step::SetDemand(i, KEY, 5_000.0 + 2_000.0 * f64::from(i)));
+        }
+        c.apply(Step::Run(400));
+        c.set_net(NetConfig::perfect());
+        c.apply(Step::Run(100));
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        assert_eq!(c.sum_own(KEY), limit);
+        let q = c.indicators(KEY);
+        assert!(jfi(&q) >= 0.99, "JFI {} {q:?}", jfi(&q));
+        c.traffic.messages
+    };
+    let every_cycle = run(None);
+    let paced = run(Some(Strategy::randomized(3, 6).unwrap()));
+    // Seed 004 §3.4: a token account never exceeds one message per period plus its
+    // capacity C = 6 per link (30 links); it re-times messages rather than adding any.
+    assert!(
+        paced <= every_cycle + 30 * 6,
+        "paced {paced} vs {every_cycle}"
+    );
+}
