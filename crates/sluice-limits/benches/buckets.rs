@@ -6,8 +6,10 @@
 //! `duration_since(start)`) governor performs inside `check`. Every limit admits every
 //! request (10⁹/s with burst 1000; keyed: 1000/s per key), so every check takes the
 //! compare-and-swap path, the slower one for both. Ours gets the limit prepared once
-//! (`GcraLimit`), as governor's `Quota` is. Two-thread cases report wall time divided by the
-//! total number of checks.
+//! (`GcraLimit`, read in place by `AtomicGcra::check_prepared`; `TokenBucketLimit` for the
+//! token bucket), as governor's `Quota` is. Two-thread cases report wall time divided by the
+//! total number of checks. The token bucket's state is three words owned by the caller
+//! (`&mut`), so it has no CAS; governor's state is one atomic word.
 //!
 //! Two measurements of the same cases, in one run:
 //! 1. *paired*: each pair of cases is run alternately in short slices (0.3–2 ms), 201 rounds,
@@ -16,6 +18,8 @@
 //! 2. *criterion*: the usual per-case statistics.
 //!
 //! Run: `cargo bench -p sluice-limits --bench buckets -- --warm-up-time 1 --measurement-time 3`
+//! A filter (criterion's positional argument, matched as a substring of `group/case`, e.g.
+//! `one_hot_key_2_threads/`) restricts both passes; `SLUICE_PAIRED_ONLY=1` skips criterion.
 #![allow(clippy::unwrap_used, clippy::print_stderr, missing_docs)]
 
 use std::hint::black_box;
@@ -27,6 +31,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use governor::clock::{Clock as _, QuantaClock, QuantaInstant, Reference as _};
 use governor::{Quota, RateLimiter};
+use sluice_limits::token_bucket::TokenBucketLimit;
 use sluice_limits::{Algorithm, AtomicGcra, Gcra, GcraLimit, KeyedGcra, Limit, Nanos, TokenBucket};
 
 /// Governor's clock, read as our `Nanos`.
@@ -100,6 +105,8 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
     let key3 = AtomicGcra::new();
     let mut gcra = Gcra.new_state(&limit, 0);
     let mut tb = TokenBucket.new_state(&limit, 0);
+    let tb_limit = TokenBucketLimit::new(&limit);
+    let mut tb2 = TokenBucket.new_state(&limit, 0);
     let gov = RateLimiter::direct_with_clock(governor_fast(), clock.clock.clone());
     vec![
         (
@@ -122,7 +129,7 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
             "sluice_atomic_gcra",
             Box::new(move |n| {
                 timed(n, || {
-                    let _ = black_box(key.check(&prepared, clock.now(), 1));
+                    let _ = black_box(key.check_prepared(&prepared, clock.now(), 1));
                 })
             }),
         ),
@@ -132,7 +139,7 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
             "sluice_atomic_gcra_allowed_only",
             Box::new(move |n| {
                 timed(n, || {
-                    black_box(key3.check(&prepared, clock.now(), 1).allowed);
+                    black_box(key3.check_prepared(&prepared, clock.now(), 1).allowed);
                 })
             }),
         ),
@@ -157,6 +164,15 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
             Box::new(move |n| {
                 timed(n, || {
                     let _ = black_box(TokenBucket.check(&mut tb, &limit, clock.now(), 1));
+                })
+            }),
+        ),
+        (
+            "sluice_token_bucket_prepared",
+            Box::new(move |n| {
+                timed(n, || {
+                    let _ =
+                        black_box(TokenBucket.check_prepared(&mut tb2, &tb_limit, clock.now(), 1));
                 })
             }),
         ),
@@ -203,7 +219,7 @@ fn hot_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
             Box::new(move |n| {
                 two_threads(n, |_, n| {
                     for _ in 0..n {
-                        black_box(key.check(&prepared, clock.now(), 1));
+                        black_box(key.check_prepared(&prepared, clock.now(), 1));
                     }
                 })
             }),
@@ -213,7 +229,7 @@ fn hot_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
             Box::new(move |n| {
                 two_threads(n, |_, n| {
                     for _ in 0..n {
-                        black_box(key2.check(&prepared, clock.now(), 1).allowed);
+                        black_box(key2.check_prepared(&prepared, clock.now(), 1).allowed);
                     }
                 })
             }),
@@ -298,10 +314,50 @@ fn many_keys_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
     ]
 }
 
+/// The benchmark filter given on the command line (criterion's positional argument), if any.
+fn filter() -> Option<String> {
+    // Criterion's options that take a value: their value is not the filter.
+    const VALUED: [&str; 12] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--save-baseline",
+        "--baseline",
+        "--load-baseline",
+        "--profile-time",
+        "--output-format",
+    ];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if VALUED.contains(&a.as_str()) {
+            args.next();
+        } else if !a.starts_with('-') {
+            return Some(a);
+        }
+    }
+    None
+}
+
+/// Whether the filter selects anything of `group` (`case`: one case of it).
+fn selected(group: &str, case: Option<&str>) -> bool {
+    filter().is_none_or(|f| {
+        let name = format!("{group}/{}", case.unwrap_or_default());
+        // A group is built unless the filter names another group.
+        name.contains(&f) || (case.is_none() && (!f.contains('/') || f.starts_with(group)))
+    })
+}
+
 /// Runs cases `a` and `b` alternately, `rounds` times, `iters` checks per slice; prints the
 /// median time per check of each and the median of the per-round ratios `a / b`.
 fn paired(group: &str, cases: &mut [(&'static str, Case<'_>)], a: usize, b: usize, iters: u64) {
     const ROUNDS: usize = 201;
+    if !selected(group, Some(cases[a].0)) && !selected(group, Some(cases[b].0)) {
+        return;
+    }
     // Warm up both (caches, branch predictors, page faults).
     for i in [a, b] {
         (cases[i].1)(iters);
@@ -337,42 +393,48 @@ fn index(cases: &[(&'static str, Case<'_>)], name: &str) -> usize {
 }
 
 fn paired_report(clock: &SameClock) {
-    let mut c = single_key_cases(clock);
-    let (ours, gov, floor) = (
-        index(&c, "sluice_atomic_gcra"),
-        index(&c, "governor_direct"),
-        index(&c, "floor_clock_plus_cas"),
-    );
-    let (tb, plain) = (
-        index(&c, "sluice_token_bucket_plain"),
-        index(&c, "sluice_gcra_plain"),
-    );
-    paired("single_key_1_thread", &mut c, ours, gov, 30_000);
-    paired("single_key_1_thread", &mut c, ours, floor, 30_000);
-    let lean = index(&c, "sluice_atomic_gcra_allowed_only");
-    paired("single_key_1_thread", &mut c, lean, gov, 30_000);
-    paired("single_key_1_thread", &mut c, plain, gov, 30_000);
-    paired("single_key_1_thread", &mut c, tb, gov, 30_000);
-    drop(c);
-    let mut c = hot_key_cases(clock);
-    let (ours, gov, floor) = (
-        index(&c, "sluice_atomic_gcra"),
-        index(&c, "governor_direct"),
-        index(&c, "floor_clock_plus_cas"),
-    );
-    paired("one_hot_key_2_threads", &mut c, ours, gov, 30_000);
-    paired("one_hot_key_2_threads", &mut c, ours, floor, 30_000);
-    let lean = index(&c, "sluice_atomic_gcra_allowed_only");
-    paired("one_hot_key_2_threads", &mut c, lean, gov, 30_000);
-    drop(c);
-    let mut c = many_keys_cases(clock);
-    let (ours, def, fold) = (
-        index(&c, "sluice_keyed_gcra"),
-        index(&c, "governor_dashmap_default"),
-        index(&c, "governor_dashmap_foldhash"),
-    );
-    paired("1M_keys_2_threads", &mut c, ours, def, 5_000);
-    paired("1M_keys_2_threads", &mut c, ours, fold, 5_000);
+    if selected("single_key_1_thread", None) {
+        let mut c = single_key_cases(clock);
+        let (ours, gov, floor) = (
+            index(&c, "sluice_atomic_gcra"),
+            index(&c, "governor_direct"),
+            index(&c, "floor_clock_plus_cas"),
+        );
+        let (tb, tbp, plain) = (
+            index(&c, "sluice_token_bucket_plain"),
+            index(&c, "sluice_token_bucket_prepared"),
+            index(&c, "sluice_gcra_plain"),
+        );
+        paired("single_key_1_thread", &mut c, ours, gov, 30_000);
+        paired("single_key_1_thread", &mut c, ours, floor, 30_000);
+        let lean = index(&c, "sluice_atomic_gcra_allowed_only");
+        paired("single_key_1_thread", &mut c, lean, gov, 30_000);
+        paired("single_key_1_thread", &mut c, plain, gov, 30_000);
+        paired("single_key_1_thread", &mut c, tb, gov, 30_000);
+        paired("single_key_1_thread", &mut c, tbp, gov, 30_000);
+    }
+    if selected("one_hot_key_2_threads", None) {
+        let mut c = hot_key_cases(clock);
+        let (ours, gov, floor) = (
+            index(&c, "sluice_atomic_gcra"),
+            index(&c, "governor_direct"),
+            index(&c, "floor_clock_plus_cas"),
+        );
+        paired("one_hot_key_2_threads", &mut c, ours, gov, 30_000);
+        paired("one_hot_key_2_threads", &mut c, ours, floor, 30_000);
+        let lean = index(&c, "sluice_atomic_gcra_allowed_only");
+        paired("one_hot_key_2_threads", &mut c, lean, gov, 30_000);
+    }
+    if selected("1M_keys_2_threads", None) {
+        let mut c = many_keys_cases(clock);
+        let (ours, def, fold) = (
+            index(&c, "sluice_keyed_gcra"),
+            index(&c, "governor_dashmap_default"),
+            index(&c, "governor_dashmap_foldhash"),
+        );
+        paired("1M_keys_2_threads", &mut c, ours, def, 5_000);
+        paired("1M_keys_2_threads", &mut c, ours, fold, 5_000);
+    }
 }
 
 fn criterion_group(c: &mut Criterion, name: &str, cases: Vec<(&'static str, Case<'_>)>) {
@@ -387,13 +449,23 @@ fn criterion_group(c: &mut Criterion, name: &str, cases: Vec<(&'static str, Case
 fn main() {
     let clock = SameClock::new();
     paired_report(&clock);
+    // `SLUICE_PAIRED_ONLY=1`: the paired figures only, no criterion pass.
+    if std::env::var_os("SLUICE_PAIRED_ONLY").is_some() {
+        return;
+    }
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
-    criterion_group(&mut c, "single_key_1_thread", single_key_cases(&clock));
-    criterion_group(&mut c, "one_hot_key_2_threads", hot_key_cases(&clock));
+    if selected("single_key_1_thread", None) {
+        criterion_group(&mut c, "single_key_1_thread", single_key_cases(&clock));
+    }
+    if selected("one_hot_key_2_threads", None) {
+        criterion_group(&mut c, "one_hot_key_2_threads", hot_key_cases(&clock));
+    }
     let mut c = c.sample_size(30);
-    criterion_group(&mut c, "1M_keys_2_threads", many_keys_cases(&clock));
+    if selected("1M_keys_2_threads", None) {
+        criterion_group(&mut c, "1M_keys_2_threads", many_keys_cases(&clock));
+    }
     c.final_summary();
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::gcra::{AsGcraLimit, GcraLimit, GcraState, admit, admitted, decide};
+use crate::gcra::{Admission, AsGcraLimit, GcraLimit, GcraState, admitted, decide};
 
 /// One 64-bit word that can be compare-and-swapped.
 ///
@@ -55,11 +55,14 @@ pub(crate) fn check_word<W: Word + ?Sized>(
     now: Nanos,
     cost: u64,
 ) -> Decision {
+    // Everything that does not depend on the state is computed before the load, so only
+    // `new_tat` (a max, a compare, an add) runs between the load and the CAS: the shorter
+    // that window, the fewer retries under contention. The full decision is built once the
+    // CAS has succeeded.
+    let admission = Admission::new(limit, now, cost);
     let mut tat = word.load();
-    // Only `admit` runs between the load and the CAS: the shorter that window, the fewer
-    // retries under contention. The full decision is built once the CAS has succeeded.
     loop {
-        let Some(new_tat) = admit(tat, limit, now, cost) else {
+        let Some(new_tat) = admission.and_then(|a| a.new_tat(tat)) else {
             return decide(tat, limit, now, cost).0;
         };
         match word.compare_exchange_weak(tat, new_tat) {
@@ -131,6 +134,24 @@ impl<W: Word> AtomicGcra<W> {
     #[inline]
     pub fn check<L: AsGcraLimit + ?Sized>(&self, limit: &L, now: Nanos, cost: u64) -> Decision {
         check_word(&self.tat, &limit.gcra_limit(), now, cost)
+    }
+
+    /// [`AtomicGcra::check`] with a limit prepared once and read in place: the form for a hot
+    /// path. Same decision and same new state as `check` (`tests/buckets_prepared.rs`);
+    /// `check` with a `&GcraLimit` copies the 40-byte limit at each call, which measurably
+    /// costs under contention (`docs/BENCHMARKS.md`).
+    ///
+    /// ```
+    /// use sluice_limits::{AtomicGcra, GcraLimit, Limit};
+    /// let limit: Limit = "10/1s".parse().unwrap();
+    /// let prepared = GcraLimit::new(&limit);
+    /// let key = AtomicGcra::new();
+    /// assert!((0..10).all(|_| key.check_prepared(&prepared, 0, 1).allowed));
+    /// assert_eq!(key.check_prepared(&prepared, 0, 1).retry_after, Some(100_000_000));
+    /// ```
+    #[inline]
+    pub fn check_prepared(&self, limit: &GcraLimit, now: Nanos, cost: u64) -> Decision {
+        check_word(&self.tat, limit, now, cost)
     }
 
     /// Decides as [`AtomicGcra::check`] would, without consuming anything.

@@ -108,19 +108,26 @@ impl GcraLimit {
         self.burst
     }
 
-    /// `⌊n / T⌋` by multiplication: the estimate `⌊n·magic / 2⁶⁴⌋` is at most 2 below the
-    /// quotient (magic underestimates `2⁶⁴ / T` by less than 2), then corrected exactly.
+    /// `⌊n / T⌋`, by multiplication when the reciprocal was computed.
     #[inline]
     fn div_t(&self, n: u64) -> u64 {
-        if self.magic == 0 {
-            return n / self.t;
-        }
-        let mut q = ((u128::from(n) * u128::from(self.magic)) >> 64) as u64;
-        while n - q * self.t >= self.t {
-            q += 1;
-        }
-        q
+        div_by(n, self.t, self.magic)
     }
+}
+
+/// `⌊n / d⌋` for `d ≥ 1`, by multiplication when `magic = ⌊(2⁶⁴ − 1) / d⌋` (`magic = 0`:
+/// hardware division). The estimate `⌊n·magic / 2⁶⁴⌋` is at most 2 below the quotient
+/// (`magic` underestimates `2⁶⁴ / d` by less than 2), then corrected exactly.
+#[inline]
+pub(crate) fn div_by(n: u64, d: u64, magic: u64) -> u64 {
+    if magic == 0 {
+        return n / d;
+    }
+    let mut q = ((u128::from(n) * u128::from(magic)) >> 64) as u64;
+    // Two corrections, without branches (how many are needed depends on `n`).
+    q += u64::from(n - q * d >= d);
+    q += u64::from(n - q * d >= d);
+    q
 }
 
 impl GcraLimit {
@@ -175,19 +182,52 @@ impl AsGcraLimit for GcraLimit {
     }
 }
 
+/// What an admission test needs that does not depend on the state, computed before the state
+/// is read: a compare-and-swap loop then runs only [`Admission::new_tat`] (a max, a compare,
+/// an add) between its load and its CAS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admission {
+    now: Nanos,
+    /// `cost·T`.
+    inc: Nanos,
+    /// The latest `max(TAT, now)` that admits: `now + B·T − cost·T` (with `now + B·T`
+    /// saturating at u64::MAX, which changes no answer since every TAT is ≤ u64::MAX). Also
+    /// rules out a TAT past u64::MAX (584 years), which cannot be stored.
+    latest: Nanos,
+}
+
+impl Admission {
+    /// `None` when no state can admit the request *and* change (cost 0, cost above the
+    /// burst, or `cost·T` past `u64::MAX` or above `now + B·T`).
+    #[inline]
+    pub(crate) fn new(p: &GcraLimit, now: Nanos, cost: u64) -> Option<Self> {
+        // `1 ≤ cost ≤ B` in one comparison.
+        if cost.wrapping_sub(1) >= p.burst {
+            return None;
+        }
+        let inc = cost.checked_mul(p.t)?;
+        Some(Self {
+            now,
+            inc,
+            latest: now.saturating_add(p.tolerance).checked_sub(inc)?,
+        })
+    }
+
+    /// The new TAT if the request is admitted against `tat`: `max(TAT, now) + cost·T`, if
+    /// that is at most `now + B·T`.
+    #[inline]
+    pub(crate) fn new_tat(&self, tat: Nanos) -> Option<Nanos> {
+        let base = tat.max(self.now);
+        // No overflow: base + inc ≤ latest + inc ≤ u64::MAX.
+        (base <= self.latest).then(|| base + self.inc)
+    }
+}
+
 /// The new TAT if a request of `cost` at `now` is admitted and changes the state; `None`
-/// otherwise (denied, or cost 0). The minimum a compare-and-swap loop must compute between its
-/// load and its CAS; [`decide`] gives the full answer.
+/// otherwise (denied, or cost 0). [`decide`] gives the full answer.
 #[inline]
 pub(crate) fn admit(tat: Nanos, p: &GcraLimit, now: Nanos, cost: u64) -> Option<Nanos> {
-    if cost == 0 || cost > p.burst {
-        return None;
-    }
-    // A TAT past u64::MAX (584 years) cannot be stored: such a request is never admitted.
-    let new_tat = cost
-        .checked_mul(p.t)
-        .and_then(|inc| tat.max(now).checked_add(inc))?;
-    (new_tat - now <= p.tolerance).then_some(new_tat)
+    Admission::new(p, now, cost)?.new_tat(tat)
 }
 
 /// The decision for a request admitted at `now`, which moved TAT from `tat` to `new_tat`.
@@ -327,6 +367,18 @@ mod tests {
                 assert_eq!(p.div_t(n), n / t, "{n} / {t}");
                 assert_eq!(p.div_t(n.wrapping_sub(t)), n.wrapping_sub(t) / t);
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// The reciprocal division equals the hardware one for every `n` and `d ≥ 1`
+        /// (small and large divisors, numerators near `u64::MAX`).
+        #[test]
+        fn div_by_is_exact(
+            n in proptest::prop_oneof![proptest::num::u64::ANY, (u64::MAX - 1000)..=u64::MAX],
+            d in proptest::prop_oneof![1u64..=1000, 1u64..=u64::MAX],
+        ) {
+            proptest::prop_assert_eq!(div_by(n, d, u64::MAX / d), n / d);
         }
     }
 

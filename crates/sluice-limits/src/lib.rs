@@ -45,5 +45,5 @@ pub use leaky_bucket::{DelayPolicy, LeakyBucket, LeakyState, Shaped, Shaper};
 pub use limit::{Limit, LimitError};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
-pub use token_bucket::{TokenBucket, TokenBucketState};
+pub use token_bucket::{TokenBucket, TokenBucketLimit, TokenBucketState};
 pub use warmup::{WarmUp, WarmUpError, WarmUpState};

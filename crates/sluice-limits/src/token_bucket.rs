@@ -10,6 +10,7 @@
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::gcra::div_by;
 use crate::limit::Limit;
 
 /// Token bucket: `burst` tokens at most, refilled at exactly `count` per `period`.
@@ -64,38 +65,155 @@ impl TokenBucketState {
     }
 }
 
-/// The state refilled up to `max(now, last)` under `limit`.
-fn refill(s: &TokenBucketState, limit: &Limit, now: Nanos) -> TokenBucketState {
+/// A [`Limit`] prepared for the token bucket: its divisions turned into multiplications.
+///
+/// [`TokenBucket`] through [`Algorithm`] reads the limit at every call and pays two
+/// 64-bit hardware divisions per check (refill, and time to full). A `TokenBucketLimit`,
+/// prepared once, holds the reciprocals of `period` and `count` and the time an empty bucket
+/// takes to fill, so [`TokenBucket::check_prepared`] divides by nothing and skips the refill
+/// arithmetic when the bucket has had time to fill. Its decisions are *identical* to the
+/// plain check's (`tests/buckets_prepared.rs`). A limit that changes at run time is simply
+/// prepared again; the state does not depend on it.
+///
+/// ```
+/// use sluice_limits::token_bucket::TokenBucketLimit;
+/// use sluice_limits::{Algorithm, Limit, TokenBucket};
+/// let limit: Limit = "10/1s".parse().unwrap();
+/// let prepared = TokenBucketLimit::new(&limit);
+/// let mut key = TokenBucket.new_state(&limit, 0);
+/// assert!((0..10).all(|_| TokenBucket.check_prepared(&mut key, &prepared, 0, 1).allowed));
+/// let refused = TokenBucket.check_prepared(&mut key, &prepared, 0, 1);
+/// assert_eq!(refused, TokenBucket.peek(&key, &limit, 0, 1));
+/// assert_eq!(refused.retry_after, Some(100_000_000));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucketLimit {
+    count: u64,
+    period: Nanos,
+    burst: u64,
+    /// `⌊(2⁶⁴ − 1) / period⌋` (0: divide in hardware).
+    period_magic: u64,
+    /// `⌊(2⁶⁴ − 1) / count⌋` (0: divide in hardware).
+    count_magic: u64,
+    /// After more than this many ns any state is full: `⌈burst·period / count⌉ − 1`
+    /// (`u64::MAX`, never exceeded, when not computed or out of range).
+    fills_after: Nanos,
+    /// `⌈period / count⌉`: the time one token takes (0: not computed).
+    one_token: Nanos,
+}
+
+impl TokenBucketLimit {
+    /// Prepares `limit`.
+    #[must_use]
+    pub fn new(limit: &Limit) -> Self {
+        let fill = (u128::from(limit.burst()) * u128::from(limit.period()))
+            .div_ceil(u128::from(limit.count()));
+        Self {
+            count: limit.count(),
+            period: limit.period(),
+            burst: limit.burst(),
+            period_magic: u64::MAX / limit.period(),
+            count_magic: u64::MAX / limit.count(),
+            // fill ≥ 1: burst, period and count are ≥ 1.
+            fills_after: u64::try_from(fill - 1).unwrap_or(u64::MAX),
+            one_token: limit.period().div_ceil(limit.count()),
+        }
+    }
+
+    /// The limit as read by a single call: no reciprocal, no fill time (each would cost the
+    /// division it saves).
+    #[inline]
+    fn for_one_call(limit: &Limit) -> Self {
+        Self {
+            count: limit.count(),
+            period: limit.period(),
+            burst: limit.burst(),
+            period_magic: 0,
+            count_magic: 0,
+            fills_after: u64::MAX,
+            one_token: 0,
+        }
+    }
+
+    /// The limit's count (for `RateLimit-Limit`).
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period in ns.
+    #[must_use]
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+
+    /// The burst (bucket size).
+    #[must_use]
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+}
+
+/// Equal when they decide alike (whether the reciprocals were computed does not matter).
+impl PartialEq for TokenBucketLimit {
+    fn eq(&self, other: &Self) -> bool {
+        (self.count, self.period, self.burst) == (other.count, other.period, other.burst)
+    }
+}
+
+impl Eq for TokenBucketLimit {}
+
+impl From<Limit> for TokenBucketLimit {
+    fn from(limit: Limit) -> Self {
+        Self::new(&limit)
+    }
+}
+
+/// `⌈n / d⌉`, by multiplication when `magic` is the reciprocal (see [`div_by`]).
+#[inline]
+fn div_ceil_by(n: u64, d: u64, magic: u64) -> u64 {
+    let q = div_by(n, d, magic);
+    // q·d ≤ n, and q < u64::MAX whenever q·d < n.
+    if q * d == n { q } else { q + 1 }
+}
+
+/// The state refilled up to `max(now, last)` under `p`.
+#[inline]
+fn refill(s: &TokenBucketState, p: &TokenBucketLimit, now: Nanos) -> TokenBucketState {
     let now = now.max(s.last);
-    let burst = limit.burst();
+    let burst = p.burst;
     let full = TokenBucketState {
         tokens: burst,
         credit: 0,
         last: now,
     };
-    if s.tokens >= burst {
+    let elapsed = now - s.last;
+    // Already full, or long enough since the last update to be full whatever it held.
+    if s.tokens >= burst || elapsed > p.fills_after {
         return full;
     }
-    let period = limit.period();
+    let period = p.period;
     let credit = s.credit.min(period - 1);
-    let elapsed = now - s.last;
-    // u64 arithmetic when it fits (the common case), u128 otherwise:
-    // (2⁶⁴−1)² + 2⁶⁴ < 2¹²⁸, so the wide path cannot overflow.
+    // u64 arithmetic when it fits (the common case), u128 otherwise.
     let (whole, credit) = match elapsed
-        .checked_mul(limit.count())
+        .checked_mul(p.count)
         .and_then(|x| x.checked_add(credit))
     {
         Some(total) if total < period => (0, total),
-        Some(total) => (total / period, total % period),
-        None => {
-            let total = u128::from(credit) + u128::from(elapsed) * u128::from(limit.count());
-            let whole = u64::try_from(total / u128::from(period)).unwrap_or(u64::MAX);
-            // The remainder is < period, so it fits.
-            (
-                whole,
-                u64::try_from(total % u128::from(period)).unwrap_or(0),
-            )
+        // Enough to fill the bucket: `tokens + ⌊total / period⌋ ≥ burst` iff
+        // `total ≥ (burst − tokens)·period`, a multiplication instead of a division.
+        Some(total)
+            if (burst - s.tokens)
+                .checked_mul(period)
+                .is_some_and(|n| total >= n) =>
+        {
+            return full;
         }
+        Some(total) => {
+            let whole = div_by(total, period, p.period_magic);
+            (whole, total - whole * period)
+        }
+        None => refill_wide(elapsed, p.count, credit, period),
     };
     match s.tokens.checked_add(whole) {
         Some(tokens) if tokens < burst => TokenBucketState {
@@ -107,47 +225,80 @@ fn refill(s: &TokenBucketState, limit: &Limit, now: Nanos) -> TokenBucketState {
     }
 }
 
+/// Whether `s` is full after `elapsed` more ns (`false` when the products overflow: the
+/// caller then takes the general path, which handles them).
+#[inline]
+fn full_after(s: &TokenBucketState, p: &TokenBucketLimit, elapsed: Nanos) -> bool {
+    s.tokens >= p.burst
+        || elapsed > p.fills_after
+        || elapsed
+            .checked_mul(p.count)
+            .and_then(|x| x.checked_add(s.credit.min(p.period - 1)))
+            .zip((p.burst - s.tokens).checked_mul(p.period))
+            .is_some_and(|(total, needed)| total >= needed)
+}
+
+/// `credit + elapsed·count` split into whole tokens and credit, when it passes 2⁶⁴:
+/// (2⁶⁴−1)² + 2⁶⁴ < 2¹²⁸, so this cannot overflow.
+#[cold]
+#[inline(never)]
+fn refill_wide(elapsed: u64, count: u64, credit: u64, period: u64) -> (u64, u64) {
+    let total = u128::from(credit) + u128::from(elapsed) * u128::from(count);
+    let whole = u64::try_from(total / u128::from(period)).unwrap_or(u64::MAX);
+    // The remainder is < period, so it fits.
+    (
+        whole,
+        u64::try_from(total % u128::from(period)).unwrap_or(0),
+    )
+}
+
 /// Nanoseconds until a refilled state `s` holds `want` tokens (0 if it already does).
-fn time_to(s: &TokenBucketState, limit: &Limit, want: u64) -> Nanos {
+#[inline]
+fn time_to(s: &TokenBucketState, p: &TokenBucketLimit, want: u64) -> Nanos {
     if s.tokens >= want {
         return 0;
     }
+    // One token short with no credit (one permit taken from a full bucket): precomputed.
+    if s.tokens + 1 == want && s.credit == 0 && p.one_token != 0 {
+        return p.one_token;
+    }
     // `credit < period`, so `needed > 0`.
-    match (want - s.tokens).checked_mul(limit.period()) {
-        Some(units) => (units - s.credit).div_ceil(limit.count()),
-        None => {
-            let needed =
-                u128::from(want - s.tokens) * u128::from(limit.period()) - u128::from(s.credit);
-            u64::try_from(needed.div_ceil(u128::from(limit.count()))).unwrap_or(u64::MAX)
-        }
+    match (want - s.tokens).checked_mul(p.period) {
+        Some(units) => div_ceil_by(units - s.credit, p.count, p.count_magic),
+        None => time_to_wide(want - s.tokens, s.credit, p),
     }
 }
 
+#[cold]
+#[inline(never)]
+fn time_to_wide(missing: u64, credit: u64, p: &TokenBucketLimit) -> Nanos {
+    let needed = u128::from(missing) * u128::from(p.period) - u128::from(credit);
+    u64::try_from(needed.div_ceil(u128::from(p.count))).unwrap_or(u64::MAX)
+}
+
+#[inline]
 fn decide(
     s: &TokenBucketState,
-    limit: &Limit,
+    p: &TokenBucketLimit,
     now: Nanos,
     cost: u64,
 ) -> (Decision, Option<TokenBucketState>) {
-    let r = refill(s, limit, now);
+    let r = refill(s, p, now);
     // The bucket decides at its latest time when `now` went backwards; waits are reported
     // from the caller's `now`, so a caller that waits them out is really admitted.
     let lag = s.last.saturating_sub(now);
     // A bucket that already holds what is wanted needs no wait, whatever the lag.
-    let time_to = |st: &TokenBucketState, limit: &Limit, want: u64| match time_to(st, limit, want) {
+    let time_to = |st: &TokenBucketState, want: u64| match time_to(st, p, want) {
         0 => 0,
         t => t.saturating_add(lag),
     };
-    let burst = limit.burst();
+    let burst = p.burst;
     if cost == 0 {
-        return (
-            Decision::allow(limit.count(), r.tokens, time_to(&r, limit, burst)),
-            None,
-        );
+        return (Decision::allow(p.count, r.tokens, time_to(&r, burst)), None);
     }
     if cost > burst {
         return (
-            Decision::deny(limit.count(), r.tokens, time_to(&r, limit, burst), None),
+            Decision::deny(p.count, r.tokens, time_to(&r, burst), None),
             None,
         );
     }
@@ -157,20 +308,62 @@ fn decide(
             ..r
         };
         (
-            Decision::allow(limit.count(), after.tokens, time_to(&after, limit, burst)),
+            Decision::allow(p.count, after.tokens, time_to(&after, burst)),
             Some(after),
         )
     } else {
-        let retry = time_to(&r, limit, cost);
+        let retry = time_to(&r, cost);
         (
-            Decision::deny(
-                limit.count(),
-                r.tokens,
-                time_to(&r, limit, burst),
-                Some(retry),
-            ),
+            Decision::deny(p.count, r.tokens, time_to(&r, burst), Some(retry)),
             None,
         )
+    }
+}
+
+impl TokenBucket {
+    /// [`Algorithm::check`] with a limit prepared once ([`TokenBucketLimit`]): the same
+    /// decision and the same new state, without a division.
+    #[inline]
+    pub fn check_prepared(
+        &self,
+        state: &mut TokenBucketState,
+        limit: &TokenBucketLimit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        // The common case under the limit, with fewer live values: one permit from a bucket
+        // that is full at `now` (no lag). Decides exactly as `decide` would
+        // (`tests/buckets_prepared.rs`); `one_token` is 0 for a limit read once.
+        if cost == 1
+            && limit.one_token != 0
+            && now >= state.last
+            && full_after(state, limit, now - state.last)
+        {
+            *state = TokenBucketState {
+                tokens: limit.burst - 1,
+                credit: 0,
+                last: now,
+            };
+            return Decision::allow(limit.count, limit.burst - 1, limit.one_token);
+        }
+        let (decision, after) = decide(state, limit, now, cost);
+        if let Some(after) = after {
+            *state = after;
+        }
+        decision
+    }
+
+    /// [`Algorithm::peek`] with a prepared limit.
+    #[inline]
+    #[must_use]
+    pub fn peek_prepared(
+        &self,
+        state: &TokenBucketState,
+        limit: &TokenBucketLimit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        decide(state, limit, now, cost).0
     }
 }
 
@@ -192,20 +385,16 @@ impl Algorithm for TokenBucket {
         now: Nanos,
         cost: u64,
     ) -> Decision {
-        let (decision, after) = decide(state, limit, now, cost);
-        if let Some(after) = after {
-            *state = after;
-        }
-        decision
+        self.check_prepared(state, &TokenBucketLimit::for_one_call(limit), now, cost)
     }
 
     fn peek(&self, state: &TokenBucketState, limit: &Limit, now: Nanos, cost: u64) -> Decision {
-        decide(state, limit, now, cost).0
+        self.peek_prepared(state, &TokenBucketLimit::for_one_call(limit), now, cost)
     }
 
     /// Idle once the bucket is full at `now`: then it decides as a new state would.
     fn is_idle(&self, state: &TokenBucketState, limit: &Limit, now: Nanos) -> bool {
-        refill(state, limit, now).tokens >= limit.burst()
+        refill(state, &TokenBucketLimit::for_one_call(limit), now).tokens >= limit.burst()
     }
 }
 
@@ -231,6 +420,17 @@ mod tests {
             .filter(|&t| TokenBucket.check(&mut s, &l, t, 1).allowed)
             .count();
         assert_eq!(admitted, 2 + 300);
+    }
+
+    proptest::proptest! {
+        /// The reciprocal ceiling division equals the hardware one.
+        #[test]
+        fn div_ceil_by_is_exact(
+            n in proptest::prop_oneof![proptest::num::u64::ANY, (u64::MAX - 1000)..=u64::MAX],
+            d in proptest::prop_oneof![1u64..=1000, 1u64..=u64::MAX],
+        ) {
+            proptest::prop_assert_eq!(div_ceil_by(n, d, u64::MAX / d), n.div_ceil(d));
+        }
     }
 
     #[test]
