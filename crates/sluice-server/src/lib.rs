@@ -34,10 +34,13 @@
 //! [`config`] reads envoyproxy/ratelimit's YAML files (a file or a directory of them) plus
 //! Sluice's per-rule `algorithm`, `burst` and `coordination`, and rejects a bad file with its
 //! file, line, column and reason. [`engine`] answers `ShouldRateLimit` as envoyproxy/ratelimit
-//! does; the gRPC and HTTP servers of `sluice serve` are thin shells over both.
+//! does; the servers of `sluice serve` are thin shells over both. [`grpc`] is the first:
+//! Envoy RLS v3 `ShouldRateLimit` over gRPC, on Envoy's own protobuf types, with graceful
+//! shutdown (the HTTP shell is still to come).
 
 pub mod config;
 pub mod engine;
+pub mod grpc;
 
 pub use config::{
     Config, ConfigError, ConfigErrorKind, ConfigSource, Coordination, Domain, Limited, Location,

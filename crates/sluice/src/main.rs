@@ -24,6 +24,8 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Analyse a topology: convergence, robustness, optimal update cycle and weights.
     Analyze(cmd::analyze::Args),
+    /// Run the node daemon: a drop-in Envoy rate limit service (gRPC, RLS v3).
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Command::Replay(a) => cmd::replay::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Analyze(a) => cmd::analyze::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

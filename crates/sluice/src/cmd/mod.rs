@@ -3,4 +3,5 @@
 pub(crate) mod analyze;
 pub(crate) mod demo;
 pub(crate) mod replay;
+pub(crate) mod serve;
 pub(crate) mod sim;

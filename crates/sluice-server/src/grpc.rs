@@ -1,0 +1,248 @@
+//! The gRPC shell: Envoy RLS v3 (`envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit`) over an [`Engine`], on the protobuf types Envoy itself is built from.
+//!
+//! The shell only translates: the protobuf request becomes a [`Request`], the clock is read
+//! once, the engine decides, and its [`Response`] goes back field for field. Every rate
+//! limiting rule lives in the engine.
+//!
+//! [`run`] serves until a shutdown future completes (the caller owns the listener, so tests
+//! bind `127.0.0.1:0`), and sweeps idle keys out of the engine while it serves.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use rls::rate_limit_response::{self as pb_response, rate_limit::Unit as PbUnit};
+use rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use sluice_limits::{Clock, Nanos};
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::{RateLimit, Unit};
+use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Entry, Request, Response};
+
+/// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
+/// memory under churning keys, rarely enough to cost nothing measurable.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Wall time as nanoseconds since the unix epoch: the engine aligns its windows to it, as
+/// envoyproxy/ratelimit does. (Not monotone if the system clock is stepped back; the
+/// algorithms then see no time pass.)
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnixClock;
+
+impl Clock for UnixClock {
+    fn now(&self) -> Nanos {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, sluice_limits::clock::nanos)
+    }
+}
+
+/// The `RateLimitService` implementation: an [`Engine`] and the clock it is read against.
+#[derive(Debug)]
+pub struct RateLimitGrpc<C = UnixClock> {
+    engine: Arc<Engine>,
+    clock: C,
+}
+
+impl<C: Clock> RateLimitGrpc<C> {
+    /// A service deciding with `engine` at the times `clock` gives.
+    pub fn new(engine: Arc<Engine>, clock: C) -> Self {
+        Self { engine, clock }
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<rls::RateLimitRequest>,
+    ) -> Result<tonic::Response<rls::RateLimitResponse>, tonic::Status> {
+        let request = request_from_proto(request.into_inner())?;
+        let now = self.clock.now();
+        // envoyproxy/ratelimit answers an empty domain or descriptor list with an error, not
+        // with a response (its `checkServiceErr`, same messages); Envoy's filter then applies
+        // its `failure_mode_deny`. Its error reaches the wire as UNKNOWN (a plain Go error);
+        // Envoy treats every error status alike, so we say what it is: INVALID_ARGUMENT.
+        let response = self
+            .engine
+            .should_rate_limit(now, &request)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        Ok(tonic::Response::new(response_to_proto(&response)))
+    }
+}
+
+/// Errors of [`run`].
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC server stopped on an error.
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves Envoy RLS v3 on `listener` with `engine`, on wall time, until `shutdown`
+/// completes; then stops accepting, lets calls in flight finish, and returns.
+///
+/// # Errors
+/// [`ServeError`] if the server fails.
+pub async fn run(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    run_with_clock(listener, engine, UnixClock, shutdown).await
+}
+
+/// [`run`] on the time of `clock` (tests pass a [`sluice_limits::ManualClock`]).
+///
+/// # Errors
+/// [`ServeError`] if the server fails.
+pub async fn run_with_clock<C: Clock + 'static>(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    clock: C,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let clock = Arc::new(clock);
+    let sweeper = tokio::spawn(sweep(Arc::clone(&engine), Arc::clone(&clock)));
+    let service = RateLimitServiceServer::new(RateLimitGrpc::new(engine, clock));
+    // Decisions are tiny messages: don't let Nagle hold them back.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(service, incoming, shutdown)
+        .await;
+    sweeper.abort();
+    Ok(served?)
+}
+
+async fn sweep<C: Clock>(engine: Arc<Engine>, clock: Arc<C>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        engine.retain_idle(clock.now());
+    }
+}
+
+/// The engine's request for a protobuf `RateLimitRequest`.
+///
+/// # Errors
+/// INVALID_ARGUMENT for what the engine cannot express: a `limit` override with an unknown
+/// unit (envoyproxy/ratelimit cannot divide time by it either), and `is_negative_hits`
+/// (giving permits back), which Sluice does not support — refused rather than counted as a
+/// hit, which would do the opposite of what was asked.
+pub fn request_from_proto(request: rls::RateLimitRequest) -> Result<Request, tonic::Status> {
+    Ok(Request {
+        domain: request.domain,
+        descriptors: request
+            .descriptors
+            .into_iter()
+            .map(descriptor_from_proto)
+            .collect::<Result<_, _>>()?,
+        hits_addend: request.hits_addend,
+    })
+}
+
+fn descriptor_from_proto(d: RateLimitDescriptor) -> Result<Descriptor, tonic::Status> {
+    if d.is_negative_hits {
+        return Err(tonic::Status::invalid_argument(
+            "negative hits (is_negative_hits) are not supported",
+        ));
+    }
+    let limit = match d.limit {
+        None => None,
+        Some(o) => Some(RateLimit {
+            requests_per_unit: o.requests_per_unit,
+            unit: unit_from_proto(o.unit).ok_or_else(|| {
+                tonic::Status::invalid_argument(format!(
+                    "descriptor limit override has an unknown unit ({})",
+                    o.unit
+                ))
+            })?,
+        }),
+    };
+    Ok(Descriptor {
+        entries: d
+            .entries
+            .into_iter()
+            .map(|e| Entry {
+                key: e.key,
+                value: e.value,
+            })
+            .collect(),
+        hits_addend: d.hits_addend.map(|v| v.value),
+        limit,
+    })
+}
+
+/// `envoy.type.v3.RateLimitUnit` (the override's) numbers its units as the response's
+/// `RateLimit.Unit`, which also has WEEK; envoyproxy/ratelimit casts one to the other.
+fn unit_from_proto(unit: i32) -> Option<Unit> {
+    match PbUnit::try_from(unit).ok()? {
+        PbUnit::Unknown => None,
+        PbUnit::Second => Some(Unit::Second),
+        PbUnit::Minute => Some(Unit::Minute),
+        PbUnit::Hour => Some(Unit::Hour),
+        PbUnit::Day => Some(Unit::Day),
+        PbUnit::Week => Some(Unit::Week),
+        PbUnit::Month => Some(Unit::Month),
+        PbUnit::Year => Some(Unit::Year),
+    }
+}
+
+fn unit_to_proto(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn code_to_proto(code: Code) -> pb_response::Code {
+    match code {
+        Code::Ok => pb_response::Code::Ok,
+        Code::OverLimit => pb_response::Code::OverLimit,
+    }
+}
+
+fn duration_to_proto(d: Nanos) -> PbDuration {
+    const NS: u64 = 1_000_000_000;
+    PbDuration {
+        seconds: i64::try_from(d / NS).unwrap_or(i64::MAX),
+        // Below 10^9, so it fits.
+        nanos: i32::try_from(d % NS).unwrap_or(0),
+    }
+}
+
+/// The protobuf `RateLimitResponse` for the engine's answer. `duration_until_reset` keeps
+/// the engine's nanoseconds (envoyproxy/ratelimit rounds to whole seconds).
+#[must_use]
+pub fn response_to_proto(response: &Response) -> rls::RateLimitResponse {
+    rls::RateLimitResponse {
+        overall_code: code_to_proto(response.overall_code).into(),
+        statuses: response.statuses.iter().map(status_to_proto).collect(),
+        ..Default::default()
+    }
+}
+
+fn status_to_proto(s: &DescriptorStatus) -> pb_response::DescriptorStatus {
+    pb_response::DescriptorStatus {
+        code: code_to_proto(s.code).into(),
+        current_limit: s.current_limit.map(|l| pb_response::RateLimit {
+            name: String::new(),
+            requests_per_unit: l.requests_per_unit,
+            unit: unit_to_proto(l.unit).into(),
+        }),
+        limit_remaining: s.limit_remaining,
+        duration_until_reset: s.duration_until_reset.map(duration_to_proto),
+        quota: None,
+    }
+}

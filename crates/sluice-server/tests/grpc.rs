@@ -1,0 +1,375 @@
+//! The gRPC shell, end to end: a server on 127.0.0.1:0 in this process, called by Envoy's own
+//! generated RLS v3 client, answering as envoyproxy/ratelimit's README says it does.
+//! Time is a `ManualClock` pinned to the start of a unix day, so window edges never move
+//! under a test; every test is bounded by a timeout.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use sluice_limits::ManualClock;
+use sluice_server::{Config, Engine};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+/// Start of a unix day (so also of a second and a minute) plus 250 ms, in nanoseconds.
+const T0: u64 = 1_700_006_400 * 1_000_000_000 + 250_000_000;
+/// Every test finishes well within this, or fails.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// envoyproxy/ratelimit README, "Example 1".
+const EXAMPLE_1: &str = "
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+";
+
+/// envoyproxy/ratelimit README, "Example 3".
+const EXAMPLE_3: &str = "
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+";
+
+struct Server {
+    engine: Arc<Engine>,
+    client: RateLimitServiceClient<Channel>,
+    addr: std::net::SocketAddr,
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<Result<(), sluice_server::grpc::ServeError>>,
+}
+
+impl Server {
+    async fn start(yaml: &str) -> Self {
+        let engine = Arc::new(Engine::new(Config::from_yaml("test.yaml", yaml).unwrap()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(sluice_server::grpc::run_with_clock(
+            listener,
+            Arc::clone(&engine),
+            ManualClock::new(T0),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        Self {
+            engine,
+            client,
+            addr,
+            stop,
+            done,
+        }
+    }
+
+    async fn ask(
+        &mut self,
+        domain: &str,
+        descriptors: &[&[(&str, &str)]],
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        ask(&mut self.client, domain, descriptors).await
+    }
+
+    /// Graceful shutdown: the server returns Ok once told to stop.
+    async fn stop(self) {
+        drop(self.client);
+        self.stop.send(()).unwrap();
+        self.done.await.unwrap().unwrap();
+    }
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> Result<RateLimitResponse, tonic::Status> {
+    client
+        .should_rate_limit(request(domain, descriptors))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A status with a limit of `n` per second, `remaining` left, and the window ending
+/// 750 ms after `T0`.
+fn per_second(code: Code, n: u32, remaining: u32) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: n,
+            unit: Unit::Second.into(),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(PbDuration {
+            seconds: 0,
+            nanos: 750_000_000,
+        }),
+        quota: None,
+    }
+}
+
+fn no_limit() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok.into(),
+        ..Default::default()
+    }
+}
+
+async fn bounded(test: impl Future<Output = ()>) {
+    tokio::time::timeout(BOUND, test)
+        .await
+        .expect("test exceeded its time bound");
+}
+
+/// README Example 1: 500 per second for `database=users`; the 501st is OVER_LIMIT, and
+/// `database=default` has its own counter.
+#[tokio::test]
+async fn example_1_ok_until_the_limit_then_over_limit() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_1).await;
+        for i in 1..=500u32 {
+            let r = s
+                .ask("mongo_cps", &[&[("database", "users")]])
+                .await
+                .unwrap();
+            assert_eq!(r.overall_code, i32::from(Code::Ok), "request {i}");
+            assert_eq!(r.statuses, [per_second(Code::Ok, 500, 500 - i)]);
+        }
+        let r = s
+            .ask("mongo_cps", &[&[("database", "users")]])
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+        assert_eq!(r.statuses, [per_second(Code::OverLimit, 500, 0)]);
+        let r = s
+            .ask("mongo_cps", &[&[("database", "default")]])
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::Ok));
+        assert_eq!(r.statuses, [per_second(Code::Ok, 500, 499)]);
+        s.stop().await;
+    })
+    .await;
+}
+
+/// README Example 3: 10 per second per address; the listed address is always blocked
+/// (`requests_per_unit: 0`); two descriptors in one request are answered one by one and the
+/// overall code is OVER_LIMIT if any is.
+#[tokio::test]
+async fn example_3_per_address_and_blocked_address() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_3).await;
+        let d = "edge_proxy_per_ip";
+        for _ in 0..10 {
+            let r = s
+                .ask(d, &[&[("remote_address", "50.0.0.1")]])
+                .await
+                .unwrap();
+            assert_eq!(r.overall_code, i32::from(Code::Ok));
+        }
+        let r = s
+            .ask(d, &[&[("remote_address", "50.0.0.1")]])
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+        assert_eq!(r.statuses, [per_second(Code::OverLimit, 10, 0)]);
+
+        let r = s
+            .ask(
+                d,
+                &[
+                    &[("remote_address", "50.0.0.2")],
+                    &[("remote_address", "50.0.0.5")],
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::OverLimit));
+        assert_eq!(
+            r.statuses,
+            [
+                per_second(Code::Ok, 10, 9),
+                per_second(Code::OverLimit, 0, 0)
+            ]
+        );
+        s.stop().await;
+    })
+    .await;
+}
+
+/// An unknown domain is not an error in envoyproxy/ratelimit: every descriptor is OK with
+/// no limit, and nothing is counted.
+#[tokio::test]
+async fn unknown_domain_answers_ok_without_limits() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_3).await;
+        let r = s
+            .ask(
+                "nobody",
+                &[&[("remote_address", "50.0.0.5")], &[("a", "b")]],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, i32::from(Code::Ok));
+        assert_eq!(r.statuses, [no_limit(), no_limit()]);
+        assert!(s.engine.is_empty());
+        s.stop().await;
+    })
+    .await;
+}
+
+/// envoyproxy/ratelimit refuses an empty domain or descriptor list with an error (same
+/// messages); the refusal counts nothing.
+#[tokio::test]
+async fn empty_domain_or_descriptors_is_an_error_and_changes_nothing() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_3).await;
+        let e = s
+            .ask("", &[&[("remote_address", "50.0.0.1")]])
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "rate limit domain must not be empty");
+        let e = s.ask("edge_proxy_per_ip", &[]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "rate limit descriptor list must not be empty");
+        assert!(s.engine.is_empty());
+        // The address still has its whole allowance.
+        let r = s
+            .ask("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]])
+            .await
+            .unwrap();
+        assert_eq!(r.statuses, [per_second(Code::Ok, 10, 9)]);
+        s.stop().await;
+    })
+    .await;
+}
+
+/// Many clients at once, each on its own connection, on one counter: exactly the limit is
+/// admitted, never more, however the calls interleave (the window cannot roll: time is
+/// pinned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_never_get_more_than_the_limit() {
+    const CLIENTS: usize = 8;
+    const EACH: usize = 25;
+    bounded(async {
+        let s = Server::start(EXAMPLE_1).await;
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let addr = s.addr;
+                tokio::spawn(async move {
+                    let mut c = RateLimitServiceClient::connect(format!("http://{addr}"))
+                        .await
+                        .unwrap();
+                    let mut admitted = 0u32;
+                    for _ in 0..EACH {
+                        let r = ask(&mut c, "mongo_cps", &[&[("database", "users")]])
+                            .await
+                            .unwrap();
+                        if r.overall_code == i32::from(Code::Ok) {
+                            admitted += 1;
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        // 200 asked, 500 allowed: all admitted; then the same again past the limit.
+        assert_eq!(admitted, 200);
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let mut c = s.client.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0u32;
+                    for _ in 0..(2 * EACH) {
+                        let r = ask(&mut c, "mongo_cps", &[&[("database", "users")]])
+                            .await
+                            .unwrap();
+                        if r.overall_code == i32::from(Code::Ok) {
+                            admitted += 1;
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        // 600 asked in all against a limit of 500.
+        assert_eq!(admitted, 500);
+        s.stop().await;
+    })
+    .await;
+}
+
+/// Shutdown is graceful: the server returns Ok, and the port no longer answers.
+#[tokio::test]
+async fn shuts_down_cleanly_and_stops_listening() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_3).await;
+        s.ask("edge_proxy_per_ip", &[&[("remote_address", "1.2.3.4")]])
+            .await
+            .unwrap();
+        let addr = s.addr;
+        s.stop().await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    })
+    .await;
+}
