@@ -41,14 +41,14 @@ pub struct AlgorithmsReport {
 }
 
 /// A trace of `seconds` seconds for a limit of `limit` per second: Poisson background demand
-/// at 60% of the limit, plus `limit` extra requests packed into the 100 ms either side of
-/// every second boundary. Sorted by time.
+/// at 30% of the limit, plus `2·limit` extra requests packed into the 100 ms either side of
+/// every other second boundary. Sorted by time.
 #[must_use]
 pub fn bursty_trace(seed: u64, limit: u64, seconds: u64) -> Vec<Nanos> {
     const SEC: f64 = 1e9;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut times = Vec::new();
-    let rate = 0.6 * limit as f64;
+    let rate = 0.3 * limit as f64;
     let end = seconds as f64 * SEC;
     let mut t = 0.0;
     loop {
@@ -59,8 +59,10 @@ pub fn bursty_trace(seed: u64, limit: u64, seconds: u64) -> Vec<Nanos> {
         }
         times.push(t as Nanos);
     }
-    for s in 1..seconds {
-        for _ in 0..limit {
+    // Bursts at every other boundary, so the window before each burst is not already
+    // spent by the previous one: the worst case of seed 002 §3.1.
+    for s in (2..seconds).step_by(2) {
+        for _ in 0..2 * limit {
             let u: f64 = rng.random();
             times.push(((s as f64 - 0.1 + 0.2 * u) * SEC) as Nanos);
         }
@@ -129,17 +131,18 @@ mod tests {
     /// 2N in some window (seed 002 §3.1), the sliding log never more than N (§3.5).
     #[test]
     fn fixed_window_shows_the_boundary_burst_and_the_log_does_not() {
-        let limit: Limit = "100/1s".parse().unwrap();
-        let r = compare_algorithms(7, limit, 6);
-        let row = |name: &str| r.rows.iter().find(|x| x.algorithm == name).unwrap().clone();
-        assert!(
-            row("fixed-window").max_in_any_window >= 180,
-            "{:?}",
-            row("fixed-window")
-        );
-        assert!(row("sliding-log").max_in_any_window <= 100);
-        for x in &r.rows {
-            assert_eq!(x.admitted + x.refused, r.requests);
+        // Up to 2N is possible (the exact case is tested in sluice-limits); this trace gets
+        // well over 1.5N for every seed tried.
+        for seed in [7, 42, 1234] {
+            let limit: Limit = "100/1s".parse().unwrap();
+            let r = compare_algorithms(seed, limit, 6);
+            let row = |name: &str| r.rows.iter().find(|x| x.algorithm == name).unwrap().clone();
+            let fixed = row("fixed-window");
+            assert!(fixed.max_in_any_window >= 150, "{fixed:?}");
+            assert!(row("sliding-log").max_in_any_window <= 100);
+            for x in &r.rows {
+                assert_eq!(x.admitted + x.refused, r.requests);
+            }
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod cluster;
 mod jsqt;
+mod token_account;
 
 /// Arguments of `sluice sim`.
 #[derive(Debug, clap::Args)]
@@ -16,11 +17,14 @@ enum Experiment {
     Cluster(cluster::Args),
     /// JSQ / JSQT overload balancing on a server farm (seed 001).
     Jsqt(jsqt::Args),
+    /// Token accounts vs proactive gossip at equal message count (seed 004 §4).
+    TokenAccount(Box<token_account::Args>),
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.experiment {
         Experiment::Cluster(a) => cluster::run(a),
         Experiment::Jsqt(a) => jsqt::run(a),
+        Experiment::TokenAccount(a) => token_account::run(*a),
     }
 }

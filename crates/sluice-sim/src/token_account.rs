@@ -1,0 +1,919 @@
+//! Seed 004 §4: token accounts against the purely proactive baseline, in the paper's three
+//! applications — push gossip and gossip learning on a fixed random 20-out overlay, chaotic
+//! power iteration on a Watts–Strogatz ring — at equal message count (one token per node per
+//! period `Δ`).
+//!
+//! Every node's pacing is a production [`TokenAccount`] from `sluice-coord` (seed 004 Alg. 4);
+//! this module only supplies the applications (`createMessage` / `updateState` of §3.2), the
+//! overlay, message transfer and virtual time. Time is in milliseconds with the paper's
+//! constants: `Δ = 172.8 s`, transfer time `Δ/100 = 1.728 s`, a push-gossip update injected
+//! every `Δ/10`, 1,000 periods (two virtual days) by default.
+//!
+//! The event queue is a calendar of one bucket per millisecond over one period (every delay is
+//! at most `Δ`), so an event costs O(1) and the run is deterministic: same [`Config`], same
+//! [`Outcome`], bit for bit.
+//!
+//! ```
+//! use sluice_coord::pacing::Strategy;
+//! use sluice_sim::token_account::{App, Config, run};
+//!
+//! let proactive = run(&Config::new(App::PushGossip, Strategy::Proactive, 300, 40, 1), &mut |_, _| {}).unwrap();
+//! let tokens = Strategy::randomized(5, 10).unwrap();
+//! let randomized = run(&Config::new(App::PushGossip, tokens, 300, 40, 1), &mut |_, _| {}).unwrap();
+//! // Same budget (at most one message per node per period), far fresher updates.
+//! assert!(randomized.messages_per_node_period <= 1.0);
+//! assert!(randomized.metric < proactive.metric);
+//! ```
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use sluice_coord::pacing::{PacingError, Strategy, TokenAccount};
+
+use crate::chart::LineChart;
+
+/// The proactive period `Δ = 172.8 s`, in milliseconds (seed 004 §4.1).
+pub const DELTA_MS: u64 = 172_800;
+/// Transfer time of one message, `Δ/100 = 1.728 s` (seed 004 §4.1).
+pub const TRANSFER_MS: u64 = DELTA_MS / 100;
+/// Push gossip: a new update is injected at a random node every `Δ/10 = 17.28 s` (§4.1.2).
+pub const INJECT_MS: u64 = DELTA_MS / 10;
+/// Out-degree of the random overlay of push gossip and gossip learning (§4.1).
+pub const OUT_DEGREE: usize = 20;
+/// Curve points recorded per run.
+const SAMPLES: u64 = 400;
+/// Calendar length: one bucket per millisecond, longer than any delay.
+const RING: u64 = DELTA_MS + TRANSFER_MS + 1;
+
+/// Errors of the experiment.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenAccountError {
+    /// Invalid token-account parameters.
+    #[error(transparent)]
+    Pacing(#[from] PacingError),
+    /// Inconsistent experiment configuration.
+    #[error("{0}")]
+    Config(String),
+    /// Writing results failed.
+    #[error("writing results: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The three applications of seed 004 §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum App {
+    /// Push gossip (Alg. 2, §4.1.2): metric = mean lag behind the freshest update (eq. 7).
+    PushGossip,
+    /// Gossip learning (Alg. 1, §4.1.1): metric = visited nodes relative to a hot potato (eq. 6).
+    GossipLearning,
+    /// Chaotic asynchronous power iteration (Alg. 3, §4.1.3): metric = angle to the
+    /// dominant eigenvector.
+    PowerIteration,
+}
+
+impl App {
+    /// All three, in the paper's order of §4.
+    pub const ALL: [App; 3] = [App::PushGossip, App::GossipLearning, App::PowerIteration];
+
+    /// Short name (CLI and file names).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            App::PushGossip => "push-gossip",
+            App::GossipLearning => "gossip-learning",
+            App::PowerIteration => "power-iteration",
+        }
+    }
+
+    /// What [`Outcome::metric`] measures.
+    #[must_use]
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            App::PushGossip => "mean lag behind the freshest update, 2nd half (s)",
+            App::GossipLearning => "visited nodes / hot-potato walk at the end (eq. 6)",
+            App::PowerIteration => "angle to the dominant eigenvector at the end (rad)",
+        }
+    }
+
+    /// Whether a smaller metric is better.
+    #[must_use]
+    pub fn lower_is_better(self) -> bool {
+        !matches!(self, App::GossipLearning)
+    }
+}
+
+impl std::str::FromStr for App {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "push" | "push-gossip" => Ok(App::PushGossip),
+            "learning" | "gossip-learning" => Ok(App::GossipLearning),
+            "power" | "power-iteration" => Ok(App::PowerIteration),
+            _ => Err(format!(
+                "unknown application {s:?} (push-gossip, gossip-learning, power-iteration)"
+            )),
+        }
+    }
+}
+
+/// A strategy's label, e.g. `randomized A=5 C=10`.
+#[must_use]
+pub fn label(s: Strategy) -> String {
+    match s {
+        Strategy::Proactive => "proactive".to_string(),
+        Strategy::Simple { c } => format!("simple C={c}"),
+        Strategy::Generalized { a, c } => format!("generalized A={a} C={c}"),
+        Strategy::Randomized { a, c } => format!("randomized A={a} C={c}"),
+    }
+}
+
+fn kind(s: Strategy) -> &'static str {
+    match s {
+        Strategy::Proactive => "proactive",
+        Strategy::Simple { .. } => "simple",
+        Strategy::Generalized { .. } => "generalized",
+        Strategy::Randomized { .. } => "randomized",
+    }
+}
+
+/// The paper's parameter grid (§4.2): `A ∈ {1,2,5,10,15,20,40}`, `C − A ∈ {0,1,2,5,10,15,20,40,80}`.
+#[must_use]
+pub fn paper_pairs() -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    for a in [1, 2, 5, 10, 15, 20, 40] {
+        for d in [0, 1, 2, 5, 10, 15, 20, 40, 80] {
+            v.push((a, a + d));
+        }
+    }
+    v
+}
+
+/// A representative selection of the grid (the settings §4.2 discusses by name).
+#[must_use]
+pub fn default_pairs() -> Vec<(u32, u32)> {
+    vec![(1, 5), (1, 10), (2, 20), (5, 10), (10, 10), (10, 20)]
+}
+
+/// Proactive, then simple (one per distinct `C`), generalized and randomized for each pair.
+#[must_use]
+pub fn strategies(pairs: &[(u32, u32)], kinds: &[&str]) -> Vec<Strategy> {
+    let mut out = vec![Strategy::Proactive];
+    let want = |k: &str| kinds.is_empty() || kinds.contains(&k);
+    if want("simple") {
+        let mut cs: Vec<u32> = pairs.iter().map(|&(_, c)| c).collect();
+        cs.sort_unstable();
+        cs.dedup();
+        out.extend(cs.into_iter().filter(|&c| c > 0).map(Strategy::simple));
+    }
+    for &(a, c) in pairs {
+        if want("generalized") && a >= 1 {
+            out.push(Strategy::Generalized { a, c });
+        }
+        if want("randomized") && a >= 1 && a <= c {
+            out.push(Strategy::Randomized { a, c });
+        }
+    }
+    out
+}
+
+/// One simulation run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    /// The application.
+    pub app: App,
+    /// Every node's token-account strategy.
+    pub strategy: Strategy,
+    /// Network size `N`.
+    pub nodes: usize,
+    /// Periods `Δ` to simulate.
+    pub periods: u64,
+    /// RNG seed (overlay, phases, initial values and every random choice).
+    pub seed: u64,
+}
+
+impl Config {
+    /// A run with the given parameters.
+    #[must_use]
+    pub fn new(app: App, strategy: Strategy, nodes: usize, periods: u64, seed: u64) -> Self {
+        Self {
+            app,
+            strategy,
+            nodes,
+            periods,
+            seed,
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    /// Application.
+    pub app: App,
+    /// Strategy label.
+    pub strategy: String,
+    /// `proactive`, `simple`, `generalized` or `randomized`.
+    pub kind: &'static str,
+    /// `A` (generalized, randomized).
+    pub a: Option<u32>,
+    /// `C` (all but proactive).
+    pub c: Option<u32>,
+    /// Network size.
+    pub nodes: usize,
+    /// Periods simulated.
+    pub periods: u64,
+    /// Seed.
+    pub seed: u64,
+    /// The application's headline metric (see [`App::metric_name`]).
+    pub metric: f64,
+    /// Speed-up over the proactive run of the same application and seed, filled in by
+    /// [`compare`]: lag ratio (push gossip), metric ratio (gossip learning), ratio of the
+    /// times needed to reach the proactive run's final angle (power iteration).
+    pub speedup: Option<f64>,
+    /// Messages sent per node per period (the budget is 1).
+    pub messages_per_node_period: f64,
+    /// Average balance over nodes and over the second half of the run.
+    pub mean_tokens: f64,
+    /// Seed 004 §4.3 mean-field balance `A·C/(C+1)` (randomized strategy, u = 1).
+    pub predicted_tokens: Option<f64>,
+    /// The same mean-field balance with the measured fraction `u` of useful messages in
+    /// place of u = 1: `A·C/(u·(C − A + 1) + A)` (randomized strategy).
+    pub predicted_tokens_measured_u: Option<f64>,
+    /// Fraction of received messages that were useful (§3.2).
+    pub useful_fraction: f64,
+    /// Metric over time: (period, value).
+    #[serde(skip)]
+    pub series: Vec<(f64, f64)>,
+    /// Average balance over time: (period, tokens).
+    #[serde(skip)]
+    pub tokens_series: Vec<(f64, f64)>,
+}
+
+/// A message in flight or a period end, 16 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    to: u32,
+    /// Sender, or [`TICK`] for a period end of `to`.
+    from: u32,
+    payload: u64,
+}
+
+const TICK: u32 = u32::MAX;
+
+/// The application side of Alg. 4: what a message carries and what receiving it does.
+trait Model {
+    /// `createMessage()`: the state node `node` sends.
+    fn payload(&self, node: usize) -> u64;
+    /// `updateState(m)`: returns the usefulness `u`.
+    fn receive(&mut self, to: usize, from: usize, payload: u64) -> bool;
+    /// `selectPeer()`.
+    fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize;
+    /// Called once per millisecond of virtual time (push gossip integrates its lag).
+    fn step(&mut self, _now: u64) {}
+    /// External news at `now` (push gossip's injected updates): the node that got it.
+    fn inject(&mut self, _now: u64, _rng: &mut ChaCha8Rng) -> Option<usize> {
+        None
+    }
+    /// The metric at `now` (may consume state accumulated since the last sample).
+    fn sample(&mut self, now: u64) -> f64;
+    /// The headline metric at the end of a run of `end` ms.
+    fn headline(&self, end: u64, series: &[(f64, f64)]) -> f64;
+}
+
+/// Random 20-out overlay: 20 distinct out-neighbours per node, uniform, no self-loops.
+fn out_overlay(nodes: usize, rng: &mut ChaCha8Rng) -> Vec<u32> {
+    let mut out = Vec::with_capacity(nodes * OUT_DEGREE);
+    for i in 0..nodes {
+        let start = out.len();
+        while out.len() - start < OUT_DEGREE {
+            let p = rng.random_range(0..nodes);
+            if p != i && !out[start..].contains(&(p as u32)) {
+                out.push(p as u32);
+            }
+        }
+    }
+    out
+}
+
+struct PushGossip {
+    overlay: Vec<u32>,
+    /// Timestamp (ms) of the freshest update each node holds; 0 before any.
+    ts: Vec<u64>,
+    /// Σ_i (fresh − ts_i) in ms.
+    lag: u128,
+    fresh: u64,
+    /// ∫ Σ_i (fresh − ts_i) dt since the last sample, and over the second half.
+    since_sample: u128,
+    second_half: u128,
+    half: u64,
+    last_sample: u64,
+    next_inject: u64,
+}
+
+impl Model for PushGossip {
+    fn payload(&self, node: usize) -> u64 {
+        self.ts[node]
+    }
+    fn receive(&mut self, to: usize, _from: usize, payload: u64) -> bool {
+        if payload > self.ts[to] {
+            self.lag -= u128::from(payload - self.ts[to]);
+            self.ts[to] = payload;
+            true
+        } else {
+            false
+        }
+    }
+    fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
+        self.overlay[node * OUT_DEGREE + rng.random_range(0..OUT_DEGREE)] as usize
+    }
+    fn step(&mut self, now: u64) {
+        // Σ_i (fresh − ts_i), kept up to date by `receive` and `inject`.
+        self.since_sample += self.lag;
+        if now >= self.half {
+            self.second_half += self.lag;
+        }
+    }
+    fn inject(&mut self, now: u64, rng: &mut ChaCha8Rng) -> Option<usize> {
+        if now != self.next_inject {
+            return None;
+        }
+        self.next_inject += INJECT_MS;
+        let node = rng.random_range(0..self.ts.len());
+        // Every node falls behind by the new update's age gain; the chosen one catches up.
+        self.lag += self.ts.len() as u128 * u128::from(now - self.fresh);
+        self.lag -= u128::from(now - self.ts[node]);
+        self.ts[node] = now;
+        self.fresh = now;
+        Some(node)
+    }
+    fn sample(&mut self, now: u64) -> f64 {
+        let span = (now - self.last_sample).max(1);
+        self.last_sample = now;
+        let v = std::mem::take(&mut self.since_sample) as f64;
+        v / (self.ts.len() as f64 * span as f64) / 1000.0
+    }
+    fn headline(&self, end: u64, _series: &[(f64, f64)]) -> f64 {
+        let span = (end - self.half).max(1);
+        self.second_half as f64 / (self.ts.len() as f64 * span as f64) / 1000.0
+    }
+}
+
+struct GossipLearning {
+    overlay: Vec<u32>,
+    /// Nodes visited by each node's current model.
+    age: Vec<u64>,
+    sum_age: u128,
+}
+
+impl Model for GossipLearning {
+    fn payload(&self, node: usize) -> u64 {
+        self.age[node]
+    }
+    fn receive(&mut self, to: usize, _from: usize, payload: u64) -> bool {
+        // §3.2: not useful iff the local model has visited more nodes than the received one.
+        if self.age[to] > payload {
+            return false;
+        }
+        let new = payload + 1;
+        self.sum_age = self.sum_age + u128::from(new) - u128::from(self.age[to]);
+        self.age[to] = new;
+        true
+    }
+    fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
+        self.overlay[node * OUT_DEGREE + rng.random_range(0..OUT_DEGREE)] as usize
+    }
+    fn sample(&mut self, now: u64) -> f64 {
+        // eq. 6: (1/N) Σ n_i(t) / n*(t), n*(t) = t / transfer time.
+        let ideal = now as f64 / TRANSFER_MS as f64;
+        self.sum_age as f64 / self.age.len() as f64 / ideal
+    }
+    fn headline(&self, _end: u64, series: &[(f64, f64)]) -> f64 {
+        series.last().map_or(f64::NAN, |p| p.1)
+    }
+}
+
+struct PowerIteration {
+    /// CSR adjacency of the undirected Watts–Strogatz graph.
+    offsets: Vec<usize>,
+    adj: Vec<u32>,
+    /// `b_ki` for every slot (node i, neighbour k), and `A_ik = 1/deg(k)`.
+    buffer: Vec<f64>,
+    weight: Vec<f64>,
+    x: Vec<f64>,
+    /// The dominant eigenvector of `A_ik = 1/deg(k)`: the degrees, normalised.
+    target: Vec<f64>,
+}
+
+impl PowerIteration {
+    fn recompute(&mut self, i: usize) {
+        let (lo, hi) = (self.offsets[i], self.offsets[i + 1]);
+        self.x[i] = self.buffer[lo..hi]
+            .iter()
+            .zip(&self.weight[lo..hi])
+            .map(|(b, w)| b * w)
+            .sum();
+    }
+}
+
+impl Model for PowerIteration {
+    fn payload(&self, node: usize) -> u64 {
+        self.x[node].to_bits()
+    }
+    fn receive(&mut self, to: usize, from: usize, payload: u64) -> bool {
+        let (lo, hi) = (self.offsets[to], self.offsets[to + 1]);
+        let Some(j) = self.adj[lo..hi].iter().position(|&k| k as usize == from) else {
+            return false;
+        };
+        let old = self.buffer[lo + j];
+        // §3.2: useful iff the message changes the local state.
+        if old.to_bits() == payload {
+            return false;
+        }
+        self.buffer[lo + j] = f64::from_bits(payload);
+        self.recompute(to);
+        true
+    }
+    fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
+        let (lo, hi) = (self.offsets[node], self.offsets[node + 1]);
+        self.adj[lo + rng.random_range(0..hi - lo)] as usize
+    }
+    fn sample(&mut self, _now: u64) -> f64 {
+        let norm = self.x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let dot: f64 = self.x.iter().zip(&self.target).map(|(a, b)| a * b).sum();
+        (dot / norm).clamp(-1.0, 1.0).acos()
+    }
+    fn headline(&self, _end: u64, series: &[(f64, f64)]) -> f64 {
+        series.last().map_or(f64::NAN, |p| p.1)
+    }
+}
+
+/// Watts–Strogatz (§4.1.3): a ring where every node links to its 4 closest nodes, each link
+/// rewired to a uniform random target with probability 0.01 (no self-loops or duplicates).
+fn watts_strogatz(nodes: usize, rng: &mut ChaCha8Rng) -> Result<PowerIteration, TokenAccountError> {
+    let mut edges: HashSet<(u32, u32)> = HashSet::with_capacity(nodes * 2);
+    let key = |a: usize, b: usize| (a.min(b) as u32, a.max(b) as u32);
+    let mut list = Vec::with_capacity(nodes * 2);
+    for i in 0..nodes {
+        for d in 1..=2 {
+            let j = (i + d) % nodes;
+            edges.insert(key(i, j));
+            list.push((i, j));
+        }
+    }
+    for e in &mut list {
+        if rng.random::<f64>() < 0.01 {
+            let (i, j) = *e;
+            let t = rng.random_range(0..nodes);
+            if t != i && !edges.contains(&key(i, t)) {
+                edges.remove(&key(i, j));
+                edges.insert(key(i, t));
+                *e = (i, t);
+            }
+        }
+    }
+    let mut adj_lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
+    for &(i, j) in &list {
+        adj_lists[i].push(j as u32);
+        adj_lists[j].push(i as u32);
+    }
+    // The eigenvector is unique only on a connected graph.
+    let mut seen = vec![false; nodes];
+    let mut stack = vec![0usize];
+    seen[0] = true;
+    let mut count = 1;
+    while let Some(v) = stack.pop() {
+        for &w in &adj_lists[v] {
+            if !seen[w as usize] {
+                seen[w as usize] = true;
+                count += 1;
+                stack.push(w as usize);
+            }
+        }
+    }
+    if count != nodes {
+        return Err(TokenAccountError::Config(
+            "the Watts-Strogatz graph came out disconnected; try another seed".into(),
+        ));
+    }
+    let mut offsets = Vec::with_capacity(nodes + 1);
+    offsets.push(0);
+    let mut adj = Vec::with_capacity(list.len() * 2);
+    for l in &adj_lists {
+        adj.extend_from_slice(l);
+        offsets.push(adj.len());
+    }
+    let deg: Vec<f64> = adj_lists.iter().map(|l| l.len() as f64).collect();
+    let weight: Vec<f64> = adj.iter().map(|&k| 1.0 / deg[k as usize]).collect();
+    // Alg. 3 line 1: any positive value.
+    let buffer: Vec<f64> = adj.iter().map(|_| rng.random::<f64>() + 1e-3).collect();
+    let norm = deg.iter().map(|d| d * d).sum::<f64>().sqrt();
+    let target = deg.iter().map(|d| d / norm).collect();
+    let mut model = PowerIteration {
+        offsets,
+        adj,
+        buffer,
+        weight,
+        x: vec![0.0; nodes],
+        target,
+    };
+    for i in 0..nodes {
+        model.recompute(i);
+    }
+    Ok(model)
+}
+
+/// Runs one configuration. `progress(done, total)` is called every tenth of the run
+/// (periods).
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(u64, u64)) -> Result<Outcome, TokenAccountError> {
+    let strategy = cfg.strategy.validated()?;
+    if cfg.nodes < 2 * OUT_DEGREE + 2 {
+        return Err(TokenAccountError::Config(format!(
+            "need at least {} nodes, got {}",
+            2 * OUT_DEGREE + 2,
+            cfg.nodes
+        )));
+    }
+    if u32::try_from(cfg.nodes).is_err() || cfg.nodes == u32::MAX as usize {
+        return Err(TokenAccountError::Config(format!(
+            "too many nodes: {}",
+            cfg.nodes
+        )));
+    }
+    if cfg.periods < 2 || cfg.periods > 1_000_000 {
+        return Err(TokenAccountError::Config(format!(
+            "periods must be in 2..=1000000, got {}",
+            cfg.periods
+        )));
+    }
+    // The topology and initial values depend on the seed only, so every strategy of one
+    // seed runs on the same network (common random numbers).
+    let mut topo_rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let end = cfg.periods * DELTA_MS;
+    match cfg.app {
+        App::PushGossip => {
+            let overlay = out_overlay(cfg.nodes, &mut topo_rng);
+            let model = PushGossip {
+                overlay,
+                ts: vec![0; cfg.nodes],
+                lag: 0,
+                fresh: 0,
+                since_sample: 0,
+                second_half: 0,
+                half: end / 2,
+                last_sample: 0,
+                next_inject: INJECT_MS,
+            };
+            simulate(model, cfg, strategy, progress)
+        }
+        App::GossipLearning => {
+            let overlay = out_overlay(cfg.nodes, &mut topo_rng);
+            let model = GossipLearning {
+                overlay,
+                age: vec![0; cfg.nodes],
+                sum_age: 0,
+            };
+            simulate(model, cfg, strategy, progress)
+        }
+        App::PowerIteration => {
+            let model = watts_strogatz(cfg.nodes, &mut topo_rng)?;
+            simulate(model, cfg, strategy, progress)
+        }
+    }
+}
+
+fn simulate<M: Model>(
+    mut model: M,
+    cfg: &Config,
+    strategy: Strategy,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Outcome, TokenAccountError> {
+    let n = cfg.nodes;
+    let end = cfg.periods * DELTA_MS;
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x7A11_0C0A_u64.rotate_left(32));
+    let mut calendar: Vec<Vec<Event>> = vec![Vec::new(); RING as usize];
+    let push = |cal: &mut Vec<Vec<Event>>, at: u64, e: Event| {
+        cal[(at % RING) as usize].push(e);
+    };
+    // Unsynchronised rounds (§2.1): every node starts its periods at a random phase.
+    let mut accounts: Vec<TokenAccount> = Vec::with_capacity(n);
+    for i in 0..n {
+        let phase = rng.random_range(0..DELTA_MS);
+        let acc = TokenAccount::new(strategy, DELTA_MS, phase)?;
+        push(
+            &mut calendar,
+            acc.next_tick(),
+            Event {
+                to: i as u32,
+                from: TICK,
+                payload: 0,
+            },
+        );
+        accounts.push(acc);
+    }
+    let sample_every = (end / SAMPLES).max(1);
+    let mut next_sample = sample_every;
+    let mut series = Vec::with_capacity(SAMPLES as usize + 1);
+    let mut tokens_series = Vec::with_capacity(SAMPLES as usize + 1);
+    let (mut token_sum, mut token_samples) = (0.0, 0u64);
+    let mut sent: u64 = 0;
+    let (mut received, mut useful_count) = (0u64, 0u64);
+    let tenth = (cfg.periods / 10).max(1) * DELTA_MS;
+    let mut next_progress = tenth;
+    let mut bucket: Vec<Event> = Vec::new();
+    // `slot = now % RING`, kept incrementally: a division per millisecond would dominate.
+    let mut slot = 0usize;
+    for now in 0..end {
+        if let Some(node) = model.inject(now, &mut rng) {
+            let k = accounts[node].on_news(now, rng.random());
+            let payload = model.payload(node);
+            for _ in 0..k {
+                let p = model.peer(node, &mut rng);
+                push(&mut calendar, now + TRANSFER_MS, msg(p, node, payload));
+            }
+            sent += u64::from(k);
+        }
+        if !calendar[slot].is_empty() {
+            std::mem::swap(&mut bucket, &mut calendar[slot]);
+            for e in bucket.drain(..) {
+                let node = e.to as usize;
+                let k = if e.from == TICK {
+                    let acc = &mut accounts[node];
+                    let fire = acc.on_tick(now, rng.random());
+                    let next = acc.next_tick();
+                    push(&mut calendar, next, e);
+                    u32::from(fire)
+                } else {
+                    let useful = model.receive(node, e.from as usize, e.payload);
+                    received += 1;
+                    useful_count += u64::from(useful);
+                    accounts[node].on_message(now, useful, rng.random())
+                };
+                if k > 0 {
+                    let payload = model.payload(node);
+                    for _ in 0..k {
+                        let p = model.peer(node, &mut rng);
+                        push(&mut calendar, now + TRANSFER_MS, msg(p, node, payload));
+                    }
+                    sent += u64::from(k);
+                }
+            }
+        }
+        model.step(now);
+        let t = now + 1;
+        if t == next_sample || t == end {
+            next_sample += sample_every;
+            let x = t as f64 / DELTA_MS as f64;
+            series.push((x, model.sample(t)));
+            let tokens =
+                accounts.iter().map(|a| u64::from(a.tokens())).sum::<u64>() as f64 / n as f64;
+            tokens_series.push((x, tokens));
+            if t > end / 2 {
+                token_sum += tokens;
+                token_samples += 1;
+            }
+        }
+        if t == next_progress {
+            next_progress += tenth;
+            progress(t / DELTA_MS, cfg.periods);
+        }
+        slot += 1;
+        if slot == RING as usize {
+            slot = 0;
+        }
+    }
+    let (a, c) = match strategy {
+        Strategy::Proactive => (None, None),
+        Strategy::Simple { c } => (None, Some(c)),
+        Strategy::Generalized { a, c } | Strategy::Randomized { a, c } => (Some(a), Some(c)),
+    };
+    let useful_fraction = useful_count as f64 / received.max(1) as f64;
+    let (predicted_tokens, predicted_tokens_measured_u) = match strategy {
+        Strategy::Randomized { a, c } => {
+            let (a, c) = (f64::from(a), f64::from(c));
+            // eq. 10 with REACTIVE = u·a/A: u·a/A + (a − A + 1)/(C − A + 1) = 1.
+            let with_u = a * c / (useful_fraction * (c - a + 1.0) + a);
+            (Some(a * c / (c + 1.0)), Some(with_u))
+        }
+        _ => (None, None),
+    };
+    Ok(Outcome {
+        app: cfg.app,
+        strategy: label(strategy),
+        kind: kind(strategy),
+        a,
+        c,
+        nodes: n,
+        periods: cfg.periods,
+        seed: cfg.seed,
+        metric: model.headline(end, &series),
+        speedup: None,
+        messages_per_node_period: sent as f64 / (n as f64 * cfg.periods as f64),
+        mean_tokens: token_sum / token_samples.max(1) as f64,
+        predicted_tokens,
+        predicted_tokens_measured_u,
+        useful_fraction,
+        series,
+        tokens_series,
+    })
+}
+
+fn msg(to: usize, from: usize, payload: u64) -> Event {
+    Event {
+        to: to as u32,
+        from: from as u32,
+        payload,
+    }
+}
+
+/// Runs `configs` on `threads` worker threads (results in input order, independent of the
+/// thread count). `done(index, outcome)` is called as each run finishes; `progress(index,
+/// done, total)` inside long runs.
+pub fn run_batch(
+    configs: &[Config],
+    threads: usize,
+    done: &(dyn Fn(usize, &Outcome) + Sync),
+    progress: &(dyn Fn(usize, u64, u64) + Sync),
+) -> Result<Vec<Outcome>, TokenAccountError> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Outcome, TokenAccountError>>>> =
+        Mutex::new((0..configs.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, configs.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(cfg) = configs.get(i) else { break };
+                    let r = run(cfg, &mut |d, t| progress(i, d, t));
+                    if let Ok(o) = &r {
+                        done(i, o);
+                    }
+                    if let Ok(mut g) = results.lock() {
+                        g[i] = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    let results = results
+        .into_inner()
+        .map_err(|_| TokenAccountError::Config("a worker thread panicked".into()))?;
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(TokenAccountError::Config("run missing".into()))))
+        .collect()
+}
+
+/// First time (in periods) a series reaches `target` or below.
+fn first_below(series: &[(f64, f64)], target: f64) -> Option<f64> {
+    series.iter().find(|p| p.1 <= target).map(|p| p.0)
+}
+
+/// Fills in [`Outcome::speedup`] against the proactive run of the same application, size,
+/// length and seed.
+pub fn compare(outcomes: &mut [Outcome]) {
+    let baselines: Vec<Outcome> = outcomes
+        .iter()
+        .filter(|o| o.kind == "proactive")
+        .cloned()
+        .collect();
+    for o in outcomes.iter_mut() {
+        let Some(b) = baselines.iter().find(|b| {
+            b.app == o.app && b.nodes == o.nodes && b.periods == o.periods && b.seed == o.seed
+        }) else {
+            continue;
+        };
+        o.speedup = match o.app {
+            App::PushGossip => Some(b.metric / o.metric),
+            App::GossipLearning => Some(o.metric / b.metric),
+            App::PowerIteration => {
+                let t_b = first_below(&b.series, b.metric);
+                let t_o = first_below(&o.series, b.metric);
+                match (t_b, t_o) {
+                    (Some(tb), Some(to)) if to > 0.0 => Some(tb / to),
+                    _ => None,
+                }
+            }
+        };
+    }
+}
+
+/// The best run of each strategy kind for `app` (by metric).
+#[must_use]
+pub fn best_by_kind(outcomes: &[Outcome], app: App) -> Vec<&Outcome> {
+    let mut best: Vec<&Outcome> = Vec::new();
+    for k in ["proactive", "simple", "generalized", "randomized"] {
+        let mut it = outcomes.iter().filter(|o| o.app == app && o.kind == k);
+        let Some(mut b) = it.next() else { continue };
+        for o in it {
+            let better = if app.lower_is_better() {
+                o.metric < b.metric
+            } else {
+                o.metric > b.metric
+            };
+            if better {
+                b = o;
+            }
+        }
+        best.push(b);
+    }
+    best
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or_else(String::new, |v| format!("{v:.6}"))
+}
+
+/// Writes `runs.csv`, `series.csv`, one `<app>.svg` per application (proactive and the best
+/// of each kind) and `tokens.svg` (average balance against the §4.3 prediction) into `dir`.
+pub fn write_results(dir: &Path, outcomes: &[Outcome]) -> Result<(), TokenAccountError> {
+    std::fs::create_dir_all(dir)?;
+    let mut runs = String::from(
+        "app,strategy,kind,a,c,nodes,periods,seed,metric,speedup,messages_per_node_period,useful_fraction,mean_tokens,predicted_tokens,predicted_tokens_measured_u\n",
+    );
+    let mut series = String::from("app,strategy,seed,period,metric,mean_tokens\n");
+    for o in outcomes {
+        let _ = writeln!(
+            runs,
+            "{},{},{},{},{},{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{}",
+            o.app.name(),
+            o.strategy,
+            o.kind,
+            o.a.map_or_else(String::new, |v| v.to_string()),
+            o.c.map_or_else(String::new, |v| v.to_string()),
+            o.nodes,
+            o.periods,
+            o.seed,
+            o.metric,
+            opt(o.speedup),
+            o.messages_per_node_period,
+            o.useful_fraction,
+            o.mean_tokens,
+            opt(o.predicted_tokens),
+            opt(o.predicted_tokens_measured_u)
+        );
+        for ((t, m), (_, tok)) in o.series.iter().zip(&o.tokens_series) {
+            let _ = writeln!(
+                series,
+                "{},{},{},{t:.3},{m:.6},{tok:.6}",
+                o.app.name(),
+                o.strategy,
+                o.seed
+            );
+        }
+    }
+    std::fs::write(dir.join("runs.csv"), runs)?;
+    std::fs::write(dir.join("series.csv"), series)?;
+    let mut apps: Vec<App> = outcomes.iter().map(|o| o.app).collect();
+    apps.sort_unstable();
+    apps.dedup();
+    for app in apps {
+        let y = match app {
+            App::PushGossip => "mean lag (s)",
+            App::GossipLearning => "visited / ideal (eq. 6)",
+            App::PowerIteration => "angle (rad)",
+        };
+        let mut chart = LineChart::new(
+            format!("seed 004 §4: {} at equal message count", app.name()),
+            "period",
+            y,
+        );
+        for o in best_by_kind(outcomes, app) {
+            chart = chart.series(o.strategy.clone(), o.series.clone());
+        }
+        chart.write(&dir.join(format!("{}.svg", app.name())))?;
+    }
+    let mut tokens = LineChart::new(
+        "seed 004 §4.3: average tokens, randomized, vs A·C/(C+1)",
+        "period",
+        "tokens",
+    );
+    let mut shown = 0;
+    for o in outcomes
+        .iter()
+        .filter(|o| o.kind == "randomized" && o.app == App::GossipLearning)
+    {
+        if shown == 4 {
+            break;
+        }
+        shown += 1;
+        let pred = o.predicted_tokens.unwrap_or(f64::NAN);
+        let last = o.tokens_series.last().map_or(0.0, |p| p.0);
+        tokens = tokens
+            .series(o.strategy.clone(), o.tokens_series.clone())
+            .series(
+                format!("{} mean-field", o.strategy),
+                vec![(0.0, pred), (last, pred)],
+            );
+    }
+    if shown > 0 {
+        tokens.write(&dir.join("tokens.svg"))?;
+    }
+    Ok(())
+}

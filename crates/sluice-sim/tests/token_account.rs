@@ -1,0 +1,166 @@
+//! Seed 004 §4 at small size: token accounts (driving `sluice_coord::pacing::TokenAccount`)
+//! against the purely proactive baseline at equal message count.
+#![allow(clippy::unwrap_used)]
+
+use sluice_coord::pacing::Strategy;
+use sluice_sim::token_account::{self, App, Config, Outcome, compare, run_batch, write_results};
+
+const NODES: usize = 400;
+const PERIODS: u64 = 60;
+
+fn runs(app: App, strategies: &[Strategy], seed: u64) -> Vec<Outcome> {
+    let configs: Vec<Config> = strategies
+        .iter()
+        .map(|&s| Config::new(app, s, NODES, PERIODS, seed))
+        .collect();
+    let mut out = run_batch(&configs, 2, &|_, _| {}, &|_, _, _| {}).unwrap();
+    compare(&mut out);
+    out
+}
+
+fn tokens() -> Vec<Strategy> {
+    vec![
+        Strategy::Proactive,
+        Strategy::simple(10),
+        Strategy::generalized(5, 10).unwrap(),
+        Strategy::randomized(5, 10).unwrap(),
+    ]
+}
+
+/// Every strategy gets one token per node per period and never overspends (seed 004 §3,
+/// Alg. 4), so the comparison is at equal message count: at most 1 message per node per
+/// period, and at least 1 − (C + 1)/periods (a balance of at most C is left at the end).
+fn assert_equal_budget(o: &Outcome) {
+    let c = f64::from(o.c.unwrap_or(0));
+    let floor = 1.0 - (c + 1.0) / PERIODS as f64;
+    assert!(
+        o.messages_per_node_period <= 1.0 && o.messages_per_node_period >= floor,
+        "{}: {} messages per node per period",
+        o.strategy,
+        o.messages_per_node_period
+    );
+}
+
+/// Seed 004 §4.2 / §6: in push gossip the token accounts cut the lag behind the freshest
+/// update to about a third of the proactive lag; simple helps, generalized and randomized
+/// help more ("GENERALIZED and RANDOMIZED outperform it robustly").
+#[test]
+fn push_gossip_token_accounts_beat_proactive_at_equal_messages() {
+    let out = runs(App::PushGossip, &tokens(), 3);
+    for o in &out {
+        assert_equal_budget(o);
+    }
+    let lag = |k: &str| out.iter().find(|o| o.kind == k).unwrap().metric;
+    let proactive = lag("proactive");
+    for k in ["generalized", "randomized"] {
+        assert!(
+            lag(k) * 2.0 < proactive,
+            "{k}: lag {} s vs proactive {proactive} s",
+            lag(k)
+        );
+    }
+    assert!(lag("simple") < proactive, "simple: {}", lag("simple"));
+}
+
+/// Seed 004 §4.2: gossip learning gains an order of magnitude — the token accounts let
+/// models walk almost like a hot potato, the proactive ones wait about a period per hop.
+#[test]
+fn gossip_learning_token_accounts_are_much_faster() {
+    let out = runs(
+        App::GossipLearning,
+        &[Strategy::Proactive, Strategy::randomized(5, 10).unwrap()],
+        5,
+    );
+    for o in &out {
+        assert_equal_budget(o);
+    }
+    let randomized = &out[1];
+    assert!(
+        randomized.speedup.unwrap() >= 5.0,
+        "speed-up {:?} (metric {} vs {})",
+        randomized.speedup,
+        randomized.metric,
+        out[0].metric
+    );
+}
+
+/// Seed 004 §4.3 eq. 10: the randomized account's average balance solves
+/// `u·a/A + (a − A + 1)/(C − A + 1) = 1`; with the measured fraction u of useful messages.
+#[test]
+fn randomized_token_count_matches_mean_field() {
+    let out = runs(
+        App::GossipLearning,
+        &[
+            Strategy::randomized(5, 10).unwrap(),
+            Strategy::randomized(10, 20).unwrap(),
+        ],
+        7,
+    );
+    for o in &out {
+        let predicted = o.predicted_tokens_measured_u.unwrap();
+        assert!(
+            (o.mean_tokens - predicted).abs() <= 0.1 * predicted,
+            "{}: measured {} tokens, mean-field {predicted} (u = {})",
+            o.strategy,
+            o.mean_tokens,
+            o.useful_fraction
+        );
+    }
+}
+
+/// Same seed ⇒ byte-identical CSV and SVG output, whatever the number of threads.
+#[test]
+fn same_seed_gives_identical_files() {
+    let strategies = token_account::strategies(&[(2, 4)], &[]);
+    let configs: Vec<Config> = App::ALL
+        .iter()
+        .flat_map(|&app| {
+            strategies
+                .iter()
+                .map(move |&s| Config::new(app, s, 100, 12, 11))
+        })
+        .collect();
+    let base = std::env::temp_dir().join(format!("sluice-token-account-{}", std::process::id()));
+    let mut files = Vec::new();
+    for (i, threads) in [1, 2].into_iter().enumerate() {
+        let mut out = run_batch(&configs, threads, &|_, _| {}, &|_, _, _| {}).unwrap();
+        compare(&mut out);
+        let dir = base.join(i.to_string());
+        write_results(&dir, &out).unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        let contents: Vec<(std::ffi::OsString, Vec<u8>)> = names
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
+            .collect();
+        files.push(contents);
+    }
+    std::fs::remove_dir_all(&base).ok();
+    assert!(
+        files[0].len() >= 5,
+        "expected runs.csv, series.csv and charts"
+    );
+    assert_eq!(files[0], files[1]);
+}
+
+/// Bad parameters are errors, not panics.
+#[test]
+fn rejects_bad_configs() {
+    let bad = [
+        Config::new(App::PushGossip, Strategy::Proactive, 10, 10, 1),
+        Config::new(App::PushGossip, Strategy::Proactive, 100, 0, 1),
+        Config::new(
+            App::PushGossip,
+            Strategy::Randomized { a: 5, c: 2 },
+            100,
+            10,
+            1,
+        ),
+    ];
+    for c in bad {
+        assert!(token_account::run(&c, &mut |_, _| {}).is_err(), "{c:?}");
+    }
+}
