@@ -8,7 +8,7 @@ echo "== rustfmt"
 cargo fmt --all -- --check
 
 echo "== clippy (warnings are errors)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 echo "== tests (unit, integration, property, concurrency models, doc examples)"
-cargo test --workspace --locked
+cargo test --workspace --all-features --locked

@@ -41,7 +41,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         args.seconds,
         report.seed
     );
-    println!("steady demand at 60% of the limit, plus a burst across every window boundary.\n");
+    println!(
+        "steady demand at 30% of the limit, plus a burst across every other window boundary.\n"
+    );
     println!(
         "{:<20} {:>9} {:>9} {:>22}",
         "algorithm", "admitted", "refused", "most in any window"
