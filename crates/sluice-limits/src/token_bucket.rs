@@ -8,6 +8,7 @@
 //! so the bucket refills at exactly `count / period`.
 
 use crate::algorithm::Algorithm;
+use crate::any::measured_from_caller;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::gcra::div_by;
@@ -283,15 +284,21 @@ fn decide(
     now: Nanos,
     cost: u64,
 ) -> (Decision, Option<TokenBucketState>) {
-    let r = refill(s, p, now);
     // The bucket decides at its latest time when `now` went backwards; waits are reported
-    // from the caller's `now`, so a caller that waits them out is really admitted.
-    let lag = s.last.saturating_sub(now);
-    // A bucket that already holds what is wanted needs no wait, whatever the lag.
-    let time_to = |st: &TokenBucketState, want: u64| match time_to(st, p, want) {
-        0 => 0,
-        t => t.saturating_add(lag),
-    };
+    // from the caller's `now` (as every algorithm does), so waiting them out really admits.
+    let (d, next) = decide_at(s, p, now, cost);
+    (measured_from_caller(d, s.last.saturating_sub(now)), next)
+}
+
+#[inline]
+fn decide_at(
+    s: &TokenBucketState,
+    p: &TokenBucketLimit,
+    now: Nanos,
+    cost: u64,
+) -> (Decision, Option<TokenBucketState>) {
+    let r = refill(s, p, now);
+    let time_to = |st: &TokenBucketState, want: u64| time_to(st, p, want);
     let burst = p.burst;
     if cost == 0 {
         return (Decision::allow(p.count, r.tokens, time_to(&r, burst)), None);
