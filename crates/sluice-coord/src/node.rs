@@ -42,6 +42,36 @@
 //! by the survivors' `S` (pitfall (a)). A node that learns it was declared dead (a partition,
 //! not a crash) or that restarts comes back as a new incarnation holding only its reservation
 //! (pitfall (c)).
+//!
+//! # Relay (spare capacity toward unmet demand, over several hops)
+//!
+//! The law is a diffusion: with the stable gain (`γ·d ≤ ½`, seed 003 Thm 1) a node moves at
+//! most half of an indicator gap per cycle, and only to its neighbours, so capacity idle far
+//! from a hotspot needs of the order of `1/(γλ₂)` cycles to arrive (103 cycles on a ring of
+//! 10). The relay moves *spare* capacity (`own − max(demand, reservation)`) to *unmet*
+//! demand (`demand − own`) directly, along the graph:
+//! * every message to a neighbour carries, per key, a *relay request*: the largest of the
+//!   node's own unmet demand and the open requests it received from its other neighbours
+//!   (split horizon: never back where it came from), less its own spare, split over the
+//!   neighbours asked in proportion to the link weights, with the number of hops it has
+//!   travelled. A request that would exceed `n − 1` hops went round a cycle and is dropped,
+//!   which bounds how long a stale request can circulate;
+//! * a node with spare capacity gives the open requests, largest first, from its spare only.
+//!   What it gave since the request was made (it knows, from the request's `seen`) counts
+//!   as answered, so an in-flight gift is not given twice;
+//! * the gifts travel on the same monotone counters as the law's, so conservation is
+//!   untouched: the relay only decides *how much* to give, never *how* it is counted;
+//! * with a token account (seed 004), relay gifts and changed requests are news and go out
+//!   at once (one token per message), so a hotspot's request floods the graph within the
+//!   cycle and capacity crosses several hops per cycle. The law's own gifts stay once per
+//!   cycle, as its stability bound assumes.
+//!
+//! Why it does not fight the law: it acts only while spare capacity and unmet demand
+//! coexist — never at the law's equilibria (Cases I–III: all throttled, or none), where it is
+//! idle — and it never takes a node below its own demand estimate, so it cannot create the
+//! unmet demand it answers (no oscillation of its own). For Case I it moves capacity in the
+//! direction of the law (`p = r − x` is positive at a needy node and negative at a spare
+//! one). It is off for the M/M/1 response-time measure, which wants `x > r`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -127,8 +157,12 @@ pub struct Config {
     pub demand_tau: Nanos,
     /// What to enforce when the lease has expired.
     pub fallback: Fallback,
-    /// Message pacing on non-heir links (seed 004); `None` sends every cycle.
+    /// Message pacing on non-heir links (seed 004); `None` sends every cycle and never
+    /// reactively (a reactive send needs a token to bound bursts, seed 004 §3.4).
     pub pacing: Option<Strategy>,
+    /// Relay spare capacity toward unmet demand, over several hops (see the module docs,
+    /// "Relay"). On by default; off gives the plain law.
+    pub relay: bool,
 }
 
 impl Config {
@@ -159,6 +193,7 @@ impl Config {
             demand_tau: 500_000_000,
             fallback: Fallback::None,
             pacing: None,
+            relay: true,
         }
     }
 
@@ -282,6 +317,34 @@ struct LinkKey {
     seen: u64,
     acked: u64,
     peer: Option<(f64, bool)>,
+    /// The peer's latest relay request to us: `(amount, hops, what it had received from us
+    /// when it asked)`; what we gave since is already on its way.
+    relay: Option<(f64, u8, u64)>,
+    /// The relay request we last sent the peer (news is a material change of it).
+    relay_sent: f32,
+    /// `given` in the last message we sent the peer: a larger `given` is a gift that has
+    /// not left yet.
+    given_sent: u64,
+}
+
+impl LinkKey {
+    /// What is left of the peer's relay request: the request less what we gave it since it
+    /// asked (in flight when it asked, or given after).
+    fn relay_open(&self) -> f64 {
+        self.relay.map_or(0.0, |(r, _, seen)| {
+            (r - self.given.saturating_sub(seen) as f64).max(0.0)
+        })
+    }
+}
+
+/// A change of a relay request worth a reactive message: it appears, vanishes, or moves
+/// by more than a quarter.
+fn relay_changed(old: f32, new: f64) -> bool {
+    let old = f64::from(old);
+    if (old >= 1.0) != (new >= 1.0) {
+        return true;
+    }
+    new >= 1.0 && (new - old).abs() > 0.25 * old.max(new)
 }
 
 #[derive(Debug, Clone)]
@@ -633,11 +696,24 @@ impl Node {
                 || link.verdict != 0
                 || self.successions.contains_key(&p)
                 || self.settling.values().any(|s| s.waiting.contains(&p));
-            let paced = match (&mut link.pacing, link.neighbour) {
+            let mut paced = match (&mut link.pacing, link.neighbour) {
                 (Some(acc), true) => acc.on_tick(now, draw()),
                 (None, true) => true,
                 (_, false) => false,
             };
+            // A gift made this tick is news for its receiver: capacity recorded in a counter
+            // that does not travel is capacity nobody enforces. Send it with a token if the
+            // account just saved one rather than wait for the next proactive message.
+            if !must
+                && !paced
+                && self
+                    .keys
+                    .values()
+                    .any(|k| k.links.get(&p).is_some_and(|lk| lk.given > lk.given_sent))
+                && let Some(acc) = self.links.get_mut(&p).and_then(|l| l.pacing.as_mut())
+            {
+                paced = acc.on_news_at_most(now, draw(), 1) > 0;
+            }
             if must || paced {
                 self.send(p, now);
             }
@@ -711,13 +787,10 @@ impl Node {
         }
     }
 
-    /// The law: gifts to worse-off neighbours (seed 000 eq. 3 / seed 003 Fig. 1 as gifts).
-    fn give(&mut self, now: Nanos) {
-        let gamma = self.cfg.gamma;
-        let measure = self.cfg.measure;
-        let reservation = self.reservation;
-        let usable: BTreeMap<NodeId, f64> = self
-            .links
+    /// Neighbours the law and the relay may give to: active, of known incarnation, heard
+    /// within two cycles; with their link weights.
+    fn usable(&self, now: Nanos) -> BTreeMap<NodeId, f64> {
+        self.links
             .iter()
             .filter(|(p, l)| {
                 l.neighbour
@@ -726,7 +799,115 @@ impl Node {
                     && self.link_state(**p, now) == Some(LinkState::Up)
             })
             .map(|(p, l)| (*p, l.weight))
-            .collect();
+            .collect()
+    }
+
+    /// Whether this node takes part in the relay now: configured, a measure whose unmet
+    /// demand is `r − x` (not the M/M/1 response time, which wants `x > r`), active, and
+    /// holding a valid lease.
+    fn relaying(&self, now: Nanos) -> bool {
+        self.cfg.relay
+            && !matches!(self.cfg.measure, Measure::MeanResponseTime { .. })
+            && self.lifecycle == Lifecycle::Active
+            && self.lease_state(now) != LeaseState::Expired
+    }
+
+    /// Longest relay path: a simple path in a graph of `n` nodes has `n − 1` hops, so a
+    /// request that has travelled that far is stale (it went round a cycle) and is dropped.
+    fn max_hops(&self) -> u8 {
+        u8::try_from(self.cfg.members.len().saturating_sub(1).clamp(1, 63)).unwrap_or(63)
+    }
+
+    /// The relay request for one key to neighbour `to` (module docs, "Relay"): the largest of
+    /// our own unmet demand and the open requests of the other neighbours (split horizon:
+    /// never back to where it came from), less our spare, split over the neighbours asked
+    /// by link weight.
+    fn relay_request(
+        ks: &KeyState,
+        to: NodeId,
+        usable: &BTreeMap<NodeId, f64>,
+        max_hops: u8,
+        reservation: u64,
+    ) -> (f64, u8) {
+        let own = ks.own() as f64;
+        let demand = ks.demand.estimate();
+        let mut best: (f64, u8, Option<NodeId>) = ((demand - own).max(0.0), 0, None);
+        for (p, lk) in &ks.links {
+            let Some((_, h, _)) = lk.relay else { continue };
+            let open = lk.relay_open();
+            if usable.contains_key(p) && h.saturating_add(1) < max_hops && open > best.0 {
+                best = (open, h + 1, Some(*p));
+            }
+        }
+        let spare = (own - demand.max(reservation as f64)).max(0.0);
+        let residual = best.0 - spare;
+        if residual < 1.0 || Some(to) == best.2 {
+            return (0.0, 0);
+        }
+        let total: f64 = usable
+            .iter()
+            .filter(|(p, _)| Some(**p) != best.2)
+            .map(|(_, w)| *w)
+            .sum();
+        let w = usable.get(&to).copied().unwrap_or(0.0);
+        if total > 0.0 && w > 0.0 {
+            (residual * w / total, best.1)
+        } else {
+            (0.0, 0)
+        }
+    }
+
+    /// Relay gifts: spare capacity (above demand and reservation) to the neighbours' open
+    /// requests, largest first. Returns the neighbours given to.
+    fn relay_give(&mut self, now: Nanos) -> BTreeSet<NodeId> {
+        let mut gave = BTreeSet::new();
+        if !self.relaying(now) {
+            return gave;
+        }
+        let usable = self.usable(now);
+        let reservation = self.reservation;
+        for ks in self.keys.values_mut() {
+            let own = ks.own();
+            let floor = ks.demand.estimate().max(reservation as f64);
+            let mut spare = (own as f64 - floor).max(0.0).floor() as u64;
+            if spare == 0 {
+                continue;
+            }
+            let mut asks: Vec<(NodeId, f64)> = ks
+                .links
+                .iter()
+                .filter(|(p, _)| usable.contains_key(p))
+                .map(|(p, lk)| (*p, lk.relay_open()))
+                .filter(|a| a.1 >= 1.0)
+                .collect();
+            asks.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (p, open) in asks {
+                let amount = (open.floor() as u64).min(spare);
+                if amount == 0 {
+                    break;
+                }
+                spare -= amount;
+                if let Some(lk) = ks.links.get_mut(&p) {
+                    lk.given += amount;
+                    gave.insert(p);
+                }
+            }
+        }
+        gave
+    }
+
+    /// The law: gifts to worse-off neighbours (seed 000 eq. 3 / seed 003 Fig. 1 as gifts),
+    /// then the relay's gifts from what is still spare.
+    fn give(&mut self, now: Nanos) {
+        self.law_give(now);
+        self.relay_give(now);
+    }
+
+    fn law_give(&mut self, now: Nanos) {
+        let gamma = self.cfg.gamma;
+        let measure = self.cfg.measure;
+        let reservation = self.reservation;
+        let usable = self.usable(now);
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let p_own = measure.indicator(ks.demand.estimate(), own as f64);
@@ -840,14 +1021,33 @@ impl Node {
             self.lifecycle != Lifecycle::Active || self.lease_state(now) == LeaseState::Expired;
         let measure = self.cfg.measure;
         let ledger_ack = self.wards.get(&to).map_or(0, |w| w.ledger.version);
+        let relaying = self.relaying(now);
+        let usable = if relaying {
+            self.usable(now)
+        } else {
+            BTreeMap::new()
+        };
+        let (max_hops, reservation) = (self.max_hops(), self.reservation);
         let Some(link) = self.links.get_mut(&to) else {
             return;
         };
         let keys: Vec<KeyEntry> = if link.neighbour {
             self.keys
-                .iter()
+                .iter_mut()
                 .map(|(&key, ks)| {
+                    let (relay, relay_hops) = if relaying {
+                        Self::relay_request(ks, to, &usable, max_hops, reservation)
+                    } else {
+                        (0.0, 0)
+                    };
+                    let relay = relay as f32;
                     let lk = ks.links.get(&to).copied().unwrap_or_default();
+                    if (relay != lk.relay_sent || lk.given != lk.given_sent)
+                        && let Some(l) = ks.links.get_mut(&to)
+                    {
+                        l.relay_sent = relay;
+                        l.given_sent = l.given;
+                    }
                     let own = ks.own();
                     let demand = ks.demand.estimate();
                     KeyEntry {
@@ -857,6 +1057,8 @@ impl Node {
                         indicator: measure.indicator(demand, own as f64) as f32,
                         saturated: saturated_all
                             || (matches!(measure, Measure::Allowed) && own as f64 >= demand),
+                        relay,
+                        relay_hops,
                     }
                 })
                 .collect()
@@ -1035,15 +1237,44 @@ impl Node {
             }
             if fresh {
                 lk.peer = Some((f64::from(e.indicator), e.saturated));
+                let relay = (e.relay.is_finite() && e.relay >= 1.0).then_some((
+                    f64::from(e.relay),
+                    e.relay_hops,
+                    e.seen,
+                ));
+                lk.relay = relay;
             }
         }
-        if news
-            && let Some(acc) = self.links.get_mut(&from).and_then(|l| l.pacing.as_mut())
-            // One reply carries the whole ledger, so spend at most one token on it; the
-            // rest stay for the next news (seed 004 Alg. 4 counts messages, not replies).
-            && acc.on_news_at_most(now, draw(), 1) > 0
-        {
-            self.send(from, now);
+        // Seed 004: news is answered at once where tokens allow. A reply to the sender, a
+        // relay gift to whoever asked (so capacity crosses several hops within one cycle),
+        // and a changed relay request to the neighbours it concerns. Only relay gifts are
+        // made here: the law's gifts stay once per cycle, as its stability bound assumes.
+        let mut notify: BTreeSet<NodeId> = BTreeSet::new();
+        if news {
+            notify.insert(from);
+        }
+        if self.links.values().any(|l| l.pacing.is_some()) && self.relaying(now) {
+            notify.extend(self.relay_give(now));
+            let usable = self.usable(now);
+            let (max_hops, reservation) = (self.max_hops(), self.reservation);
+            for ks in self.keys.values() {
+                for &q in usable.keys() {
+                    let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
+                    let (r, _) = Self::relay_request(ks, q, &usable, max_hops, reservation);
+                    if relay_changed(sent, r) {
+                        notify.insert(q);
+                    }
+                }
+            }
+        }
+        for q in notify {
+            if let Some(acc) = self.links.get_mut(&q).and_then(|l| l.pacing.as_mut())
+                // One message carries every key, so spend at most one token per news; the
+                // rest stay for the next (seed 004 Alg. 4 counts messages, not replies).
+                && acc.on_news_at_most(now, draw(), 1) > 0
+            {
+                self.send(q, now);
+            }
         }
     }
 

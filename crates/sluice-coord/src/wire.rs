@@ -78,6 +78,12 @@ pub struct KeyEntry {
     pub indicator: f32,
     /// Case IV bound: the sender's share reached its demand.
     pub saturated: bool,
+    /// Relay request: capacity the sender asks the receiver to send it now, in capacity
+    /// units — its own unmet demand or a share of a request it relays (0: none). See
+    /// [`crate::node`] "Relay".
+    pub relay: f32,
+    /// Hops from the node whose unmet demand the relay request carries (0: the sender's own).
+    pub relay_hops: u8,
 }
 
 /// A neighbour's final counters with a dead incarnation, for its heir.
@@ -145,8 +151,8 @@ pub enum WireError {
     /// A count larger than the remaining input could hold.
     #[error("count {0} larger than the message")]
     Count(u64),
-    /// A non-finite indicator.
-    #[error("indicator is not finite at byte {0}")]
+    /// A non-finite indicator, or a relay request that is not positive and finite.
+    #[error("indicator or relay request is not finite (or not positive) at byte {0}")]
     NonFinite(usize),
     /// Bytes left after the message.
     #[error("{0} trailing bytes after the message")]
@@ -212,7 +218,14 @@ pub fn encode(m: &Message) -> Vec<u8> {
         put(&mut out, e.given);
         put(&mut out, e.seen);
         out.extend_from_slice(&e.indicator.to_le_bytes());
-        out.push(u8::from(e.saturated));
+        // Flags: bit 0 saturated, bit 1 a relay request follows (absent when 0, so an
+        // entry without one costs no extra byte).
+        let relay = e.relay.is_finite() && e.relay > 0.0;
+        out.push(u8::from(e.saturated) | (u8::from(relay) << 1));
+        if relay {
+            out.extend_from_slice(&e.relay.to_le_bytes());
+            out.push(e.relay_hops);
+        }
     }
     put(&mut out, m.settle_requests.len() as u64);
     for &(n, inc) in &m.settle_requests {
@@ -336,17 +349,28 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
             return Err(WireError::NonFinite(at));
         }
         let at = r.at;
-        let saturated = match r.byte()? {
-            0 => false,
-            1 => true,
-            tag => return Err(WireError::Tag { tag, at }),
+        let flags = r.byte()?;
+        if flags > 3 {
+            return Err(WireError::Tag { tag: flags, at });
+        }
+        let (relay, relay_hops) = if flags & 2 != 0 {
+            let at = r.at;
+            let relay = f32::from_le_bytes(r.take4()?);
+            if !(relay.is_finite() && relay > 0.0) {
+                return Err(WireError::NonFinite(at));
+            }
+            (relay, r.byte()?)
+        } else {
+            (0.0, 0)
         };
         keys.push(KeyEntry {
             key,
             given,
             seen,
             indicator,
-            saturated,
+            saturated: flags & 1 != 0,
+            relay,
+            relay_hops,
         });
     }
     let n = r.count(2)?;

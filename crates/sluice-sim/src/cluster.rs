@@ -26,6 +26,7 @@ use std::str::FromStr;
 use serde::Serialize;
 use sluice_coord::law::{Measure, jfi};
 use sluice_coord::node::Config;
+use sluice_coord::pacing::Strategy as PacingStrategy;
 use sluice_coord::stability::{ConfigError, max_gain};
 use sluice_coord::testing::{Cluster, NetConfig, Rng, Step, links_of};
 use sluice_coord::wire::NodeId;
@@ -202,6 +203,73 @@ impl FromStr for Gain {
     }
 }
 
+/// Message pacing of the nodes' non-heir links (seed 004): `none` (a message every cycle,
+/// never reactive), `proactive`, `simple:C`, `generalized:A:C` or `randomized:A:C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing(pub Option<PacingStrategy>);
+
+impl Pacing {
+    /// Sluice's default in the simulator: a simple token account of capacity 2 (seed 004
+    /// eq. 1–2). On average still one message per link and cycle, but news (a demand jump, a
+    /// relay request, a relay gift) goes out at once, paid for by skipping the next
+    /// proactive message.
+    pub const DEFAULT: Self = Self(Some(PacingStrategy::Simple { c: 2 }));
+}
+
+impl FromStr for Pacing {
+    type Err = ClusterError;
+    fn from_str(s: &str) -> Result<Self, ClusterError> {
+        let bad = || {
+            ClusterError::Invalid(format!(
+                "pacing `{s}`: expected none, proactive, simple:C, generalized:A:C or \
+                 randomized:A:C"
+            ))
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        let num = |i: usize| -> Result<u32, ClusterError> {
+            parts
+                .get(i)
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(bad)
+        };
+        let strategy = match (parts.first().copied(), parts.len()) {
+            (Some("none"), 1) => return Ok(Self(None)),
+            (Some("proactive"), 1) => PacingStrategy::Proactive,
+            (Some("simple"), 2) => PacingStrategy::simple(num(1)?),
+            (Some("generalized"), 3) => {
+                PacingStrategy::generalized(num(1)?, num(2)?).map_err(|e| bad_pacing(s, &e))?
+            }
+            (Some("randomized"), 3) => {
+                PacingStrategy::randomized(num(1)?, num(2)?).map_err(|e| bad_pacing(s, &e))?
+            }
+            _ => return Err(bad()),
+        };
+        Ok(Self(Some(strategy)))
+    }
+}
+
+fn bad_pacing(s: &str, e: &dyn fmt::Display) -> ClusterError {
+    ClusterError::Invalid(format!("pacing `{s}`: {e}"))
+}
+
+impl fmt::Display for Pacing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            None => f.write_str("none"),
+            Some(PacingStrategy::Proactive) => f.write_str("proactive"),
+            Some(PacingStrategy::Simple { c }) => write!(f, "simple:{c}"),
+            Some(PacingStrategy::Generalized { a, c }) => write!(f, "generalized:{a}:{c}"),
+            Some(PacingStrategy::Randomized { a, c }) => write!(f, "randomized:{a}:{c}"),
+        }
+    }
+}
+
+impl Serialize for Pacing {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// `T:NODE[:RESTART_T]`: node `NODE` crashes at cycle `T` (and restarts at `RESTART_T`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crash {
@@ -302,6 +370,13 @@ pub struct Scenario {
     pub crashes: Vec<Crash>,
     /// Partitions.
     pub partitions: Vec<Partition>,
+    /// Message pacing of the Sluice nodes.
+    pub pacing: Pacing,
+    /// Relay spare capacity toward unmet demand over several hops (Sluice nodes; off: the
+    /// plain law).
+    pub relay: bool,
+    /// Time constant of the nodes' demand filter, in cycles (seed 003 §III).
+    pub demand_tau_cycles: f64,
 }
 
 impl Scenario {
@@ -325,6 +400,9 @@ impl Scenario {
             delay_ms: 0,
             crashes: Vec::new(),
             partitions: Vec::new(),
+            pacing: Pacing::DEFAULT,
+            relay: true,
+            demand_tau_cycles: 5.0,
         }
     }
 }
@@ -348,6 +426,10 @@ pub struct Report {
     pub seed: u64,
     /// Gain used.
     pub gamma: f64,
+    /// Message pacing of the Sluice nodes.
+    pub pacing: Pacing,
+    /// Whether the Sluice nodes relay spare capacity toward unmet demand.
+    pub relay: bool,
     /// Global limit `L`.
     pub limit: u64,
     /// Seed 000 §6: `Σ_k (a_ideal − a_total) / Σ_k a_ideal × 100`, `a_ideal = min(L, r_total)`.
@@ -538,6 +620,18 @@ impl Demand {
 /// [`ClusterError`] for a bad topology, parameter or node configuration.
 pub fn run(s: &Scenario, progress: &mut dyn FnMut(u64, u64)) -> Result<Outcome, ClusterError> {
     let topo = s.topology.build_seeded(Some(s.seed))?;
+    run_on(s, &topo, progress)
+}
+
+/// Runs a scenario on an already built topology (`s.topology` only names it in the report).
+///
+/// # Errors
+/// [`ClusterError`] for a bad parameter or node configuration.
+pub fn run_on(
+    s: &Scenario,
+    topo: &Topology,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Outcome, ClusterError> {
     let n = topo.nodes();
     if let Some(want) = s.nodes
         && want != n
@@ -552,6 +646,12 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(u64, u64)) -> Result<Outcome, 
     }
     if s.cycles == 0 {
         return Err(ClusterError::Invalid("cycles must be at least 1".into()));
+    }
+    if !(s.demand_tau_cycles.is_finite() && s.demand_tau_cycles >= 0.0) {
+        return Err(ClusterError::Invalid(format!(
+            "--demand-tau {}: a number of cycles >= 0",
+            s.demand_tau_cycles
+        )));
     }
     for (what, p) in [("loss", s.loss), ("dup", s.dup)] {
         if !(0.0..=1.0).contains(&p) {
@@ -580,11 +680,11 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(u64, u64)) -> Result<Outcome, 
         return Err(ClusterError::Invalid("the limit must be positive".into()));
     }
     let measure = s.measure.measure(limit, n);
-    let gamma = gain(s.gain, &topo, &measure)?;
+    let gamma = gain(s.gain, topo, &measure)?;
     let demand = Demand::new(s.workload, n, limit as f64, s.cycles, s.seed);
     let mut ctx = Run {
         s,
-        topo: &topo,
+        topo,
         n,
         limit,
         measure,
@@ -707,6 +807,9 @@ impl Run<'_> {
                 cfg.gamma = gamma;
                 cfg.measure = measure;
                 cfg.cycle = CYCLE_NS;
+                cfg.pacing = s.pacing.0;
+                cfg.relay = s.relay;
+                cfg.demand_tau = (s.demand_tau_cycles * CYCLE_NS as f64) as u64;
                 cfg
             },
             net,
@@ -970,6 +1073,8 @@ fn summarise(
         cycles: s.cycles,
         seed: s.seed,
         gamma: ctx.gamma,
+        pacing: s.pacing,
+        relay: s.relay,
         limit: ctx.limit,
         over_throttling_pct: if ideal > 0.0 {
             lost / ideal * 100.0

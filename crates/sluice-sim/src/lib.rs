@@ -1,7 +1,10 @@
 //! Deterministic simulation that drives Sluice's production state machines.
 
+pub mod baselines;
 pub mod chart;
 pub mod cluster;
+pub mod dst_example2;
+pub mod gdrl;
 pub mod jsqt;
 pub mod replay;
 pub mod showcase;

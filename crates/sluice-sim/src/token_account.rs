@@ -9,8 +9,19 @@
 //! constants: `Δ = 172.8 s`, transfer time `Δ/100 = 1.728 s`, a push-gossip update injected
 //! every `Δ/10`, 1,000 periods (two virtual days) by default.
 //!
-//! The event queue is a calendar of one bucket per millisecond over one period (every delay is
-//! at most `Δ`), so an event costs O(1) and the run is deterministic: same [`Config`], same
+//! Two event sources, both O(1) per event and bounded in memory whatever the run length:
+//! - **Messages** all take the same transfer time, so they arrive in the order they were sent:
+//!   the queue is one FIFO ring buffer ([`VecDeque`]) holding only the messages in flight
+//!   (about `N/100` plus bursts — a few hundred kilobytes at N = 500,000).
+//! - **Period ends** of node `i` fall on `phase_i + kΔ`, a fixed cyclic schedule: the nodes
+//!   are kept sorted by phase and a cursor walks that list, wrapping once per period, so
+//!   period ends never enter a queue. On the random 20-out overlay, node labels carry no
+//!   structure, so the sorted phases are handed out in label order (the joint law of overlay,
+//!   phases and injections is invariant under relabelling) and every period's accounts are
+//!   touched in memory order; the Watts–Strogatz ring keeps truly random phases.
+//!
+//! Virtual time jumps from event to event (millisecond resolution; push gossip's lag is
+//! integrated exactly between events), and the run is deterministic: same [`Config`], same
 //! [`Outcome`], bit for bit.
 //!
 //! ```
@@ -25,7 +36,7 @@
 //! assert!(randomized.metric < proactive.metric);
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Mutex;
@@ -48,8 +59,6 @@ pub const INJECT_MS: u64 = DELTA_MS / 10;
 pub const OUT_DEGREE: usize = 20;
 /// Curve points recorded per run.
 const SAMPLES: u64 = 400;
-/// Calendar length: one bucket per millisecond, longer than any delay.
-const RING: u64 = DELTA_MS + TRANSFER_MS + 1;
 
 /// Errors of the experiment.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +257,15 @@ pub struct Outcome {
     pub predicted_tokens_measured_u: Option<f64>,
     /// Fraction of received messages that were useful (§3.2).
     pub useful_fraction: f64,
+    /// Events processed: period ends plus message deliveries (plus injections).
+    pub events: u64,
+    /// Most messages in flight at once.
+    pub peak_in_flight: u64,
+    /// Bytes of simulation state at its peak, accounted (accounts, overlay or graph,
+    /// application state, period schedule, the message ring buffer at its largest capacity,
+    /// curves) — independent of the allocator, so reproducible; peak RSS adds the binary,
+    /// allocator slack and the other runs in parallel.
+    pub state_bytes: u64,
     /// Metric over time: (period, value).
     #[serde(skip)]
     pub series: Vec<(f64, f64)>,
@@ -256,16 +274,15 @@ pub struct Outcome {
     pub tokens_series: Vec<(f64, f64)>,
 }
 
-/// A message in flight or a period end, 16 bytes.
+/// A message in flight, 24 bytes.
 #[derive(Debug, Clone, Copy)]
-struct Event {
+struct Message {
+    /// Delivery time (ms).
+    at: u64,
     to: u32,
-    /// Sender, or [`TICK`] for a period end of `to`.
     from: u32,
     payload: u64,
 }
-
-const TICK: u32 = u32::MAX;
 
 /// The application side of Alg. 4: what a message carries and what receiving it does.
 trait Model {
@@ -275,16 +292,30 @@ trait Model {
     fn receive(&mut self, to: usize, from: usize, payload: u64) -> bool;
     /// `selectPeer()`.
     fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize;
-    /// Called once per millisecond of virtual time (push gossip integrates its lag).
-    fn step(&mut self, _now: u64) {}
-    /// External news at `now` (push gossip's injected updates): the node that got it.
+    /// Whether node labels carry no structure (random overlay), so that period phases may
+    /// be assigned in label order (see the module docs).
+    fn exchangeable(&self) -> bool;
+    /// The state is constant on `[from, to)` (ms): integrate what the metric needs.
+    fn integrate(&mut self, _from: u64, _to: u64) {}
+    /// When the next external news arrives (push gossip's injected updates), if ever.
+    fn next_news(&self) -> u64 {
+        u64::MAX
+    }
+    /// External news at `now = next_news()`: the node that got it.
     fn inject(&mut self, _now: u64, _rng: &mut ChaCha8Rng) -> Option<usize> {
         None
+    }
+    /// Touches the state `receive(node, ..)` will read, so that the memory load overlaps
+    /// other work (a safe software prefetch; has no effect on the results).
+    fn touch(&self, _node: usize) -> u64 {
+        0
     }
     /// The metric at `now` (may consume state accumulated since the last sample).
     fn sample(&mut self, now: u64) -> f64;
     /// The headline metric at the end of a run of `end` ms.
     fn headline(&self, end: u64, series: &[(f64, f64)]) -> f64;
+    /// Bytes of state held (topology and per-node values).
+    fn bytes(&self) -> usize;
 }
 
 /// Random 20-out overlay: 20 distinct out-neighbours per node, uniform, no self-loops.
@@ -333,12 +364,20 @@ impl Model for PushGossip {
     fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
         self.overlay[node * OUT_DEGREE + rng.random_range(0..OUT_DEGREE)] as usize
     }
-    fn step(&mut self, now: u64) {
-        // Σ_i (fresh − ts_i), kept up to date by `receive` and `inject`.
-        self.since_sample += self.lag;
-        if now >= self.half {
-            self.second_half += self.lag;
+    fn exchangeable(&self) -> bool {
+        true
+    }
+    fn integrate(&mut self, from: u64, to: u64) {
+        // Σ_i (fresh − ts_i), kept up to date by `receive` and `inject`, is constant between
+        // events, so the time integral is exact.
+        self.since_sample += self.lag * u128::from(to - from);
+        let from_half = from.max(self.half);
+        if to > from_half {
+            self.second_half += self.lag * u128::from(to - from_half);
         }
+    }
+    fn next_news(&self) -> u64 {
+        self.next_inject
     }
     fn inject(&mut self, now: u64, rng: &mut ChaCha8Rng) -> Option<usize> {
         if now != self.next_inject {
@@ -359,9 +398,15 @@ impl Model for PushGossip {
         let v = std::mem::take(&mut self.since_sample) as f64;
         v / (self.ts.len() as f64 * span as f64) / 1000.0
     }
+    fn touch(&self, node: usize) -> u64 {
+        self.ts[node]
+    }
     fn headline(&self, end: u64, _series: &[(f64, f64)]) -> f64 {
         let span = (end - self.half).max(1);
         self.second_half as f64 / (self.ts.len() as f64 * span as f64) / 1000.0
+    }
+    fn bytes(&self) -> usize {
+        self.overlay.capacity() * 4 + self.ts.capacity() * 8
     }
 }
 
@@ -388,6 +433,15 @@ impl Model for GossipLearning {
     }
     fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
         self.overlay[node * OUT_DEGREE + rng.random_range(0..OUT_DEGREE)] as usize
+    }
+    fn exchangeable(&self) -> bool {
+        true
+    }
+    fn touch(&self, node: usize) -> u64 {
+        self.age[node]
+    }
+    fn bytes(&self) -> usize {
+        self.overlay.capacity() * 4 + self.age.capacity() * 8
     }
     fn sample(&mut self, now: u64) -> f64 {
         // eq. 6: (1/N) Σ n_i(t) / n*(t), n*(t) = t / transfer time.
@@ -443,6 +497,16 @@ impl Model for PowerIteration {
     fn peer(&self, node: usize, rng: &mut ChaCha8Rng) -> usize {
         let (lo, hi) = (self.offsets[node], self.offsets[node + 1]);
         self.adj[lo + rng.random_range(0..hi - lo)] as usize
+    }
+    fn exchangeable(&self) -> bool {
+        // Node labels are ring positions: phases must stay independent of them.
+        false
+    }
+    fn bytes(&self) -> usize {
+        self.offsets.capacity() * 8
+            + self.adj.capacity() * 4
+            + (self.buffer.capacity() + self.weight.capacity()) * 8
+            + (self.x.capacity() + self.target.capacity()) * 8
     }
     fn sample(&mut self, _now: u64) -> f64 {
         let norm = self.x.iter().map(|v| v * v).sum::<f64>().sqrt();
@@ -588,6 +652,10 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(u64, u64)) -> Result<Outcome, 
     }
 }
 
+/// How far ahead in the message queue [`Model::touch`] reaches: enough deliveries for the
+/// loads to arrive from memory before they are needed, few enough to stay in cache.
+const LOOKAHEAD: usize = 8;
+
 fn simulate<M: Model>(
     mut model: M,
     cfg: &Config,
@@ -597,96 +665,133 @@ fn simulate<M: Model>(
     let n = cfg.nodes;
     let end = cfg.periods * DELTA_MS;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x7A11_0C0A_u64.rotate_left(32));
-    let mut calendar: Vec<Vec<Event>> = vec![Vec::new(); RING as usize];
-    let push = |cal: &mut Vec<Vec<Event>>, at: u64, e: Event| {
-        cal[(at % RING) as usize].push(e);
-    };
     // Unsynchronised rounds (§2.1): every node starts its periods at a random phase.
-    let mut accounts: Vec<TokenAccount> = Vec::with_capacity(n);
-    for i in 0..n {
-        let phase = rng.random_range(0..DELTA_MS);
-        let acc = TokenAccount::new(strategy, DELTA_MS, phase)?;
-        push(
-            &mut calendar,
-            acc.next_tick(),
-            Event {
-                to: i as u32,
-                from: TICK,
-                payload: 0,
-            },
-        );
-        accounts.push(acc);
+    let mut phases: Vec<u64> = (0..n).map(|_| rng.random_range(0..DELTA_MS)).collect();
+    if model.exchangeable() {
+        phases.sort_unstable();
     }
+    let accounts: Result<Vec<TokenAccount>, PacingError> = phases
+        .iter()
+        .map(|&p| TokenAccount::new(strategy, DELTA_MS, p))
+        .collect();
+    let mut accounts = accounts?;
+    // The cyclic schedule of period ends: (phase, node), sorted; node i's k-th period ends at
+    // phase_i + kΔ, k ≥ 1 (`TokenAccount::new` at `phase_i`).
+    let mut schedule: Vec<(u64, u32)> = phases
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| (p, i as u32))
+        .collect();
+    schedule.sort_unstable();
+    drop(phases);
+    let mut cursor = 0usize;
+    let mut round = DELTA_MS;
+    let mut queue: VecDeque<Message> = VecDeque::new();
+    let mut peak_queue_capacity = 0usize;
+    let mut peak_in_flight = 0usize;
+
     let sample_every = (end / SAMPLES).max(1);
     let mut next_sample = sample_every;
     let mut series = Vec::with_capacity(SAMPLES as usize + 1);
     let mut tokens_series = Vec::with_capacity(SAMPLES as usize + 1);
     let (mut token_sum, mut token_samples) = (0.0, 0u64);
-    let mut sent: u64 = 0;
+    let (mut sent, mut events): (u64, u64) = (0, 0);
     let (mut received, mut useful_count) = (0u64, 0u64);
     let tenth = (cfg.periods / 10).max(1) * DELTA_MS;
     let mut next_progress = tenth;
-    let mut bucket: Vec<Event> = Vec::new();
-    // `slot = now % RING`, kept incrementally: a division per millisecond would dominate.
-    let mut slot = 0usize;
-    for now in 0..end {
-        if let Some(node) = model.inject(now, &mut rng) {
-            let k = accounts[node].on_news(now, rng.random());
-            let payload = model.payload(node);
-            for _ in 0..k {
-                let p = model.peer(node, &mut rng);
-                push(&mut calendar, now + TRANSFER_MS, msg(p, node, payload));
-            }
-            sent += u64::from(k);
-        }
-        if !calendar[slot].is_empty() {
-            std::mem::swap(&mut bucket, &mut calendar[slot]);
-            for e in bucket.drain(..) {
-                let node = e.to as usize;
-                let k = if e.from == TICK {
-                    let acc = &mut accounts[node];
-                    let fire = acc.on_tick(now, rng.random());
-                    let next = acc.next_tick();
-                    push(&mut calendar, next, e);
-                    u32::from(fire)
-                } else {
-                    let useful = model.receive(node, e.from as usize, e.payload);
-                    received += 1;
-                    useful_count += u64::from(useful);
-                    accounts[node].on_message(now, useful, rng.random())
-                };
-                if k > 0 {
-                    let payload = model.payload(node);
-                    for _ in 0..k {
-                        let p = model.peer(node, &mut rng);
-                        push(&mut calendar, now + TRANSFER_MS, msg(p, node, payload));
-                    }
-                    sent += u64::from(k);
-                }
-            }
-        }
-        model.step(now);
-        let t = now + 1;
-        if t == next_sample || t == end {
+    // Σ balances, kept up to date around every account call: summing N accounts at every
+    // sample would stream the whole account array (48 MB at N = 500,000) 400 times.
+    let mut token_total: u64 = 0;
+    // Everything before `clock` has been processed and integrated.
+    let mut clock = 0u64;
+    loop {
+        let next_tick = round + schedule[cursor].0;
+        let now = queue
+            .front()
+            .map_or(u64::MAX, |m| m.at)
+            .min(next_tick)
+            .min(model.next_news())
+            .min(next_sample)
+            .min(end);
+        model.integrate(clock, now);
+        clock = now;
+        if now == next_sample || now == end {
             next_sample += sample_every;
-            let x = t as f64 / DELTA_MS as f64;
-            series.push((x, model.sample(t)));
-            let tokens =
-                accounts.iter().map(|a| u64::from(a.tokens())).sum::<u64>() as f64 / n as f64;
+            let x = now as f64 / DELTA_MS as f64;
+            series.push((x, model.sample(now)));
+            let tokens = token_total as f64 / n as f64;
             tokens_series.push((x, tokens));
-            if t > end / 2 {
+            if now > end / 2 {
                 token_sum += tokens;
                 token_samples += 1;
             }
         }
-        if t == next_progress {
+        while now >= next_progress && next_progress <= end {
+            progress(next_progress / DELTA_MS, cfg.periods);
             next_progress += tenth;
-            progress(t / DELTA_MS, cfg.periods);
         }
-        slot += 1;
-        if slot == RING as usize {
-            slot = 0;
+        if now == end {
+            break;
         }
+        // Within one millisecond: injected news, then deliveries (in sending order), then
+        // period ends (in phase order). Messages sent now arrive TRANSFER_MS later.
+        let mut send =
+            |node: usize, k: u32, rng: &mut ChaCha8Rng, model: &M, q: &mut VecDeque<Message>| {
+                if k > 0 {
+                    let payload = model.payload(node);
+                    for _ in 0..k {
+                        let to = model.peer(node, rng);
+                        q.push_back(msg(now + TRANSFER_MS, to, node, payload));
+                    }
+                    sent += u64::from(k);
+                }
+            };
+        if model.next_news() == now
+            && let Some(node) = model.inject(now, &mut rng)
+        {
+            events += 1;
+            let acc = &mut accounts[node];
+            let before = acc.tokens();
+            let k = acc.on_news(now, rng.random());
+            token_total = token_total + u64::from(acc.tokens()) - u64::from(before);
+            send(node, k, &mut rng, &model, &mut queue);
+        }
+        while let Some(&m) = queue.front()
+            && m.at == now
+        {
+            queue.pop_front();
+            events += 1;
+            if let Some(ahead) = queue.get(LOOKAHEAD) {
+                let to = ahead.to as usize;
+                std::hint::black_box((accounts[to].tokens(), model.touch(to)));
+            }
+            let node = m.to as usize;
+            let useful = model.receive(node, m.from as usize, m.payload);
+            received += 1;
+            useful_count += u64::from(useful);
+            let acc = &mut accounts[node];
+            let before = acc.tokens();
+            let k = acc.on_message(now, useful, rng.random());
+            token_total = token_total + u64::from(acc.tokens()) - u64::from(before);
+            send(node, k, &mut rng, &model, &mut queue);
+        }
+        while round + schedule[cursor].0 == now {
+            let node = schedule[cursor].1 as usize;
+            events += 1;
+            let acc = &mut accounts[node];
+            debug_assert_eq!(acc.next_tick(), now);
+            let before = acc.tokens();
+            let fire = acc.on_tick(now, rng.random());
+            token_total = token_total + u64::from(acc.tokens()) - u64::from(before);
+            send(node, u32::from(fire), &mut rng, &model, &mut queue);
+            cursor += 1;
+            if cursor == schedule.len() {
+                cursor = 0;
+                round += DELTA_MS;
+            }
+        }
+        peak_in_flight = peak_in_flight.max(queue.len());
+        peak_queue_capacity = peak_queue_capacity.max(queue.capacity());
     }
     let (a, c) = match strategy {
         Strategy::Proactive => (None, None),
@@ -703,6 +808,15 @@ fn simulate<M: Model>(
         }
         _ => (None, None),
     };
+    debug_assert_eq!(
+        token_total,
+        accounts.iter().map(|a| u64::from(a.tokens())).sum::<u64>()
+    );
+    let state_bytes = accounts.capacity() * size_of::<TokenAccount>()
+        + schedule.capacity() * size_of::<(u64, u32)>()
+        + peak_queue_capacity * size_of::<Message>()
+        + model.bytes()
+        + (series.capacity() + tokens_series.capacity()) * size_of::<(f64, f64)>();
     Ok(Outcome {
         app: cfg.app,
         strategy: label(strategy),
@@ -719,13 +833,17 @@ fn simulate<M: Model>(
         predicted_tokens,
         predicted_tokens_measured_u,
         useful_fraction,
+        events,
+        peak_in_flight: peak_in_flight as u64,
+        state_bytes: state_bytes as u64,
         series,
         tokens_series,
     })
 }
 
-fn msg(to: usize, from: usize, payload: u64) -> Event {
-    Event {
+fn msg(at: u64, to: usize, from: usize, payload: u64) -> Message {
+    Message {
+        at,
         to: to as u32,
         from: from as u32,
         payload,
@@ -835,13 +953,13 @@ fn opt(x: Option<f64>) -> String {
 pub fn write_results(dir: &Path, outcomes: &[Outcome]) -> Result<(), TokenAccountError> {
     std::fs::create_dir_all(dir)?;
     let mut runs = String::from(
-        "app,strategy,kind,a,c,nodes,periods,seed,metric,speedup,messages_per_node_period,useful_fraction,mean_tokens,predicted_tokens,predicted_tokens_measured_u\n",
+        "app,strategy,kind,a,c,nodes,periods,seed,metric,speedup,messages_per_node_period,useful_fraction,mean_tokens,predicted_tokens,predicted_tokens_measured_u,events,peak_in_flight,state_bytes\n",
     );
     let mut series = String::from("app,strategy,seed,period,metric,mean_tokens\n");
     for o in outcomes {
         let _ = writeln!(
             runs,
-            "{},{},{},{},{},{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{}",
+            "{},{},{},{},{},{},{},{},{:.6},{},{:.6},{:.6},{:.6},{},{},{},{},{}",
             o.app.name(),
             o.strategy,
             o.kind,
@@ -856,7 +974,10 @@ pub fn write_results(dir: &Path, outcomes: &[Outcome]) -> Result<(), TokenAccoun
             o.useful_fraction,
             o.mean_tokens,
             opt(o.predicted_tokens),
-            opt(o.predicted_tokens_measured_u)
+            opt(o.predicted_tokens_measured_u),
+            o.events,
+            o.peak_in_flight,
+            o.state_bytes
         );
         for ((t, m), (_, tok)) in o.series.iter().zip(&o.tokens_series) {
             let _ = writeln!(

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use sluice_graph::TopologySpec;
 use sluice_sim::cluster::{
-    Crash, Gain, MeasureKind, Outcome, Partition, Scenario, Strategy, Workload, run as simulate,
+    Crash, Gain, MeasureKind, Outcome, Pacing, Partition, Scenario, Strategy, Workload,
+    run as simulate,
 };
 
 /// Run N real Sluice nodes (or a baseline) on a deterministic, seeded in-memory network with
@@ -77,6 +78,17 @@ pub(crate) struct Args {
     /// Repeatable; one cut at a time.
     #[arg(long)]
     partition: Vec<Partition>,
+    /// Message pacing of the Sluice nodes' links (seed 004): none (a message every cycle,
+    /// never reactive), proactive, simple:C, generalized:A:C or randomized:A:C. The
+    /// default simple:2 sends one message per link and cycle on average, and news at once.
+    #[arg(long, default_value_t = Pacing::DEFAULT)]
+    pacing: Pacing,
+    /// Turn off the relay of spare capacity toward unmet demand (the plain law).
+    #[arg(long)]
+    no_relay: bool,
+    /// Time constant of the nodes' demand filter, in cycles (seed 003 §III).
+    #[arg(long, default_value_t = 5.0)]
+    demand_tau: f64,
     /// Write cluster.csv (per cycle) and cluster.svg (demand, ideal, accepted, Σ enforced)
     /// to this directory.
     #[arg(long)]
@@ -100,6 +112,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     s.delay_ms = args.delay_ms;
     s.crashes = args.crash;
     s.partitions = args.partition;
+    s.pacing = args.pacing;
+    s.relay = !args.no_relay;
+    s.demand_tau_cycles = args.demand_tau;
     // Progress on stderr for long runs only, every 10 %.
     let long = s.cycles >= 2000 || s.cycles.saturating_mul(s.nodes.unwrap_or(1) as u64) >= 100_000;
     let mut progress = |done: u64, total: u64| {
@@ -122,6 +137,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "{} on {} ({} nodes), measure {}, workload {}, {} cycles, seed {}, γ = {:.4}, L = {}",
         r.strategy, r.topology, r.nodes, r.measure, r.workload, r.cycles, r.seed, r.gamma, r.limit
     );
+    if r.strategy == Strategy::Sluice {
+        println!(
+            "  pacing {}, relay {}",
+            r.pacing,
+            if r.relay { "on" } else { "off" }
+        );
+    }
     println!(
         "  over-throttling        {:8.3} %   (seed 000 §6)",
         r.over_throttling_pct

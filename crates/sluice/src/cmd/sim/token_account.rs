@@ -113,12 +113,16 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let total = configs.len();
     let done = |i: usize, o: &Outcome| {
         eprintln!(
-            "[{}/{total}] {} {}: metric {:.4}, {:.3} msg/node/period ({:.0} s elapsed)",
+            "[{}/{total}] {} {}: metric {:.4}, {:.3} msg/node/period, {} events, state {:.1} MB, \
+             peak {} in flight ({:.0} s elapsed)",
             i + 1,
             o.app.name(),
             o.strategy,
             o.metric,
             o.messages_per_node_period,
+            o.events,
+            o.state_bytes as f64 / 1e6,
+            o.peak_in_flight,
             started.elapsed().as_secs_f64()
         );
     };
