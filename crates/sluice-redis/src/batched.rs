@@ -1,0 +1,237 @@
+//! The batched mode (seed 002 §4.4(5)): a node takes a batch of permits from Redis at once,
+//! sized by its own consumption rate and smaller as the quota left shrinks, and answers
+//! locally until the batch runs out or expires.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Nanos};
+
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::script::Shape;
+use crate::store::RedisStore;
+
+/// How batches are sized and how long they live.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchConfig {
+    /// A batch covers this much of the node's own consumption at its measured rate
+    /// (default 20 ms): one Redis call per `horizon` under steady load.
+    pub horizon: Nanos,
+    /// Never more than this many permits at once (default 1000).
+    pub max_batch: u64,
+    /// Never more than this fraction of what Redis said was left (default 0.5), so the
+    /// batches shrink with the quota and the last permits are spread over the nodes
+    /// (seed 002 §4.4(5), third point).
+    pub share_of_remaining: f64,
+    /// A batch expires this long after it was taken (default 100 ms); a fixed-window batch
+    /// also expires at the end of its window.
+    pub lease: Nanos,
+    /// Weight of the newest measurement in the rate estimate (default 0.5).
+    pub smoothing: f64,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            horizon: 20_000_000,
+            max_batch: 1000,
+            share_of_remaining: 0.5,
+            lease: 100_000_000,
+            smoothing: 0.5,
+        }
+    }
+}
+
+/// A key's batch on this node.
+#[derive(Debug, Clone, Copy, Default)]
+struct Lease {
+    /// Permits of the batch not given out yet.
+    left: u64,
+    /// The batch may be used before this time only.
+    expires: Nanos,
+    /// Permits given out since `since`, for the rate.
+    used: u64,
+    since: Nanos,
+    /// Estimated consumption, permits per ns (0: unknown yet).
+    rate: f64,
+    /// Size of the last batch asked for (slow start while the rate is unknown).
+    last_batch: u64,
+    /// What Redis said was left after the last batch (None: not asked yet).
+    central_left: Option<u64>,
+    /// Redis refused a batch: requests the lease cannot serve are refused here until then
+    /// without asking again (one call per refusal period, not one per request).
+    refused_until: Nanos,
+}
+
+/// Batched mode over a [`RedisStore`] (which it also uses for the time source).
+///
+/// **Guarantee.** Every permit given out was first taken from Redis by an atomic script
+/// call, and is given out at most [`BatchConfig::lease`] after that call (measured on the
+/// node's clock, from before the call). So for a fixed window the permits given out within
+/// each window never exceed the limit over all nodes (a batch expires at the end of its
+/// window); for the other algorithms, the permits given out over all nodes in an interval
+/// `[s, e]` are at most what the algorithm admits centrally in `[s − lease, e]`. The price:
+/// permits of a batch that expires unused are lost (under-admission, never over-admission),
+/// and a node's answers lag the others' consumption by up to one batch.
+#[derive(Debug)]
+pub struct BatchedStore {
+    store: RedisStore,
+    config: BatchConfig,
+    leases: parking_lot::Mutex<HashMap<(String, AlgorithmKind), Lease>>,
+    calls: AtomicU64,
+}
+
+impl BatchedStore {
+    /// Batches over `store`.
+    #[must_use]
+    pub fn new(store: RedisStore, config: BatchConfig) -> Self {
+        Self {
+            store,
+            config,
+            leases: parking_lot::Mutex::new(HashMap::new()),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// The store batches are taken from.
+    #[must_use]
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// How many batches were asked of Redis so far.
+    #[must_use]
+    pub fn central_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Decides a request of `cost` at `now` (the node's clock): from the key's batch if it
+    /// holds enough, else after taking a new batch from Redis.
+    ///
+    /// # Errors
+    /// As [`RedisStore::check`], when a new batch was needed.
+    pub async fn check(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let id = (key.to_string(), Shape::of(alg)?.kind);
+        let wanted = {
+            let mut leases = self.leases.lock();
+            let lease = leases.entry(id.clone()).or_default();
+            if now >= lease.expires {
+                lease.left = 0;
+            }
+            if cost == 0 || lease.left >= cost {
+                return Ok(self.take(lease, limit, now, cost));
+            }
+            if now < lease.refused_until {
+                let wait = lease.refused_until - now;
+                return Ok(Decision::deny(limit.count(), lease.left, wait, Some(wait)));
+            }
+            self.batch_size(lease, limit, now, cost)
+        };
+        // The call happens without the lock; other requests meanwhile use what is left or
+        // take batches of their own.
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let (central, granted) = self.store.acquire(alg, key, limit, now, wanted).await?;
+        let expires = now.saturating_add(match alg {
+            // A window's permits are good until the window ends.
+            AnyAlgorithm::FixedWindow(_) => self.config.lease.min(central.reset_after),
+            _ => self.config.lease,
+        });
+        let mut leases = self.leases.lock();
+        let lease = leases.entry(id).or_default();
+        if now >= lease.expires {
+            lease.left = 0;
+        }
+        if granted > 0 {
+            // Keep the older permits, under the sooner expiry.
+            lease.expires = if lease.left > 0 {
+                lease.expires.min(expires)
+            } else {
+                expires
+            };
+            lease.left += granted;
+        }
+        lease.central_left = Some(central.remaining);
+        if lease.left >= cost {
+            return Ok(self.take(lease, limit, now, cost));
+        }
+        let mut d = central;
+        if granted == 0 {
+            // Nothing left centrally: wait for the central retry, within one lease (another
+            // node's expiring batch cannot give permits back, so waiting longer only
+            // under-admits).
+            let wait = d
+                .retry_after
+                .unwrap_or(self.config.lease)
+                .min(self.config.lease);
+            lease.refused_until = now.saturating_add(wait);
+        }
+        d.allowed = false;
+        d.remaining = lease.left;
+        if d.retry_after == Some(0) {
+            // Redis granted part of the cost: the rest may come when the next batch does.
+            d.retry_after = Some(d.reset_after.max(1));
+        }
+        Ok(d)
+    }
+
+    /// Gives `cost` permits out of the lease and updates the rate.
+    fn take(&self, lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        lease.left -= cost;
+        lease.used += cost;
+        Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
+    }
+
+    /// How many permits to ask for: the node's consumption over the horizon, at most
+    /// `max_batch` and the configured share of what Redis had left, never less than the
+    /// cost (minus what the lease still holds). Until a rate is measured (one horizon of
+    /// use), each batch doubles the last, from 1.
+    fn batch_size(&self, lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> u64 {
+        let elapsed = now.saturating_sub(lease.since);
+        if lease.since == 0 && lease.used == 0 {
+            lease.since = now;
+        } else if elapsed >= self.config.horizon && elapsed > 0 {
+            let r = lease.used as f64 / elapsed as f64;
+            let a = self.config.smoothing;
+            lease.rate = if lease.rate == 0.0 {
+                r
+            } else {
+                a * r + (1.0 - a) * lease.rate
+            };
+            lease.used = 0;
+            lease.since = now;
+        }
+        let by_rate = if lease.rate > 0.0 {
+            (lease.rate * self.config.horizon as f64).ceil() as u64
+        } else {
+            lease.last_batch.saturating_mul(2).max(1)
+        };
+        let left = lease.central_left.unwrap_or(limit.count());
+        let by_share = (left as f64 * self.config.share_of_remaining).floor() as u64;
+        let need = cost - lease.left;
+        let size = by_rate.min(self.config.max_batch).min(by_share).max(need);
+        lease.last_batch = size;
+        size
+    }
+}
+
+impl Backend for BatchedStore {
+    fn check(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        BatchedStore::check(self, alg, key, limit, now, cost)
+    }
+}

@@ -1,0 +1,19 @@
+-- Shared epilogue: decide, grant what is left if asked to, store, answer.
+local d = decide(cost)
+local granted = 0
+if d.allowed then
+  granted = cost
+elseif partial and cost > 0 and d.remaining > 0 then
+  -- Batched mode: take what the limit still holds (never more than `remaining`, which
+  -- every algorithm admits).
+  local part = math.min(cost, d.remaining)
+  local d2 = decide(part)
+  if d2.allowed then
+    d = d2
+    granted = part
+  end
+end
+if d.allowed and d.commit ~= nil then d.commit() end
+local allowed = 0
+if d.allowed then allowed = 1 end
+return { allowed, count, d.remaining, d.reset, d.retry, granted }

@@ -1,0 +1,55 @@
+-- Token bucket (seed 002 §3.4, made exact), as sluice_limits::TokenBucket. KEYS[1]: a hash
+-- {t = whole tokens, c = credit toward the next token in units of 1/period token,
+-- l = time of the last update}. A missing key is a full bucket updated at `now`.
+local key = KEYS[1]
+local st = redis.call('HMGET', key, 't', 'c', 'l')
+local tokens = tonumber(st[1]) or burst
+local credit = tonumber(st[2]) or 0
+local last = tonumber(st[3]) or now
+if not st[3] then
+  -- A new state is a full bucket as of its first request, even one that takes nothing
+  -- (sluice_limits' new_state(now)): a later request at an earlier time is read as at it.
+  redis.call('HSET', key, 't', num(burst), 'c', '0', 'l', num(now))
+  expire(key, 0)
+end
+local early = sat_sub(last, now)
+local t = math.max(now, last)
+
+-- Refill up to t: (tokens, credit).
+local function refill()
+  local elapsed = t - last
+  if tokens >= burst then return burst, 0 end
+  -- Full whatever the bucket held: this also keeps elapsed * count below 2^53.
+  local fills_after = cdiv(burst * period, count) - 1
+  if elapsed > fills_after then return burst, 0 end
+  local cr = math.min(credit, period - 1)
+  local sum = elapsed * count + cr
+  if sum < period then return tokens, sum end
+  if sum >= (burst - tokens) * period then return burst, 0 end
+  local whole = idiv(sum, period)
+  local rest = sum - whole * period
+  if tokens + whole < burst then return tokens + whole, rest end
+  return burst, 0
+end
+
+local rt, rc = refill()
+
+-- Units of time until (tk, cr) holds `want` tokens.
+local function time_to(tk, cr, want)
+  if tk >= want then return 0 end
+  return cdiv((want - tk) * period - cr, count)
+end
+
+local function decide(c)
+  if c == 0 then return late(allow(rt, time_to(rt, rc, burst), nil), early) end
+  if c > burst then return late(deny(rt, time_to(rt, rc, burst), -1), early) end
+  if rt >= c then
+    local left = rt - c
+    local full_in = time_to(left, rc, burst)
+    return late(allow(left, full_in, function()
+      redis.call('HSET', key, 't', num(left), 'c', num(rc), 'l', num(t))
+      expire(key, full_in + early)
+    end), early)
+  end
+  return late(deny(rt, time_to(rt, rc, burst), time_to(rt, rc, c)), early)
+end

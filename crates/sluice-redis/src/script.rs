@@ -1,0 +1,304 @@
+//! The Lua scripts and the arguments they are called with.
+//!
+//! Every script is the shared prelude (argument parsing, exact integer division, the
+//! server/caller time switch), one algorithm's `decide`, and the shared epilogue (partial
+//! grants for batched mode, storing the state, the reply). They mirror `sluice-limits`
+//! line by line, so the same trace gives the same decisions (`tests/conformance.rs`).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use sluice_limits::{AlgorithmKind, Alignment, AnyAlgorithm, Decision, Limit, Nanos};
+
+use crate::error::Error;
+
+macro_rules! script {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!(concat!("lua/", $file)),
+            include_str!("lua/epilogue.lua")
+        )
+    };
+}
+
+/// One script per algorithm; `Script` keeps its SHA1, so calls are `EVALSHA`, and a
+/// `NOSCRIPT` answer (a restarted or flushed server, a new cluster node) loads it again.
+static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
+    [
+        Script::new(script!("fixed_window.lua")),
+        Script::new(script!("sliding_window.lua")),
+        Script::new(script!("sliding_log.lua")),
+        Script::new(script!("leaky_bucket.lua")),
+        Script::new(script!("token_bucket.lua")),
+        Script::new(script!("gcra.lua")),
+    ]
+});
+
+/// Integers are exact in Lua's doubles below this.
+pub(crate) const EXACT: u128 = 1 << 53;
+
+/// Where a script reads the time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeSource {
+    /// Redis server time (`TIME`), in microseconds: the clients' clocks do not matter, and
+    /// every client of one Redis sees one clock. Limits are applied at 1 µs resolution
+    /// (periods rounded up to a whole µs); the `now` given to a call is ignored by the
+    /// script (the local fallback still uses it).
+    #[default]
+    Server,
+    /// The caller's `now`, in nanoseconds, as `sluice-limits` reads it: for trace replay
+    /// and conformance tests. Decisions are exactly those of `sluice-limits` as long as every
+    /// time stays below 2^53 ns (104 days from the caller's epoch).
+    Caller,
+}
+
+impl TimeSource {
+    fn unit(self) -> &'static str {
+        match self {
+            Self::Server => "µs",
+            Self::Caller => "ns",
+        }
+    }
+}
+
+/// The algorithm a script implements, with its one parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) kind: AlgorithmKind,
+    index: usize,
+    param: u64,
+}
+
+impl Shape {
+    /// The script for `alg`, or [`Error::Unsupported`].
+    pub(crate) fn of(alg: &AnyAlgorithm) -> Result<Self, Error> {
+        let (kind, index, param) = match alg {
+            AnyAlgorithm::FixedWindow(f) => match f.alignment() {
+                Alignment::Epoch => (AlgorithmKind::FixedWindow, 0, 0),
+                Alignment::FirstRequest => (AlgorithmKind::FixedWindowFirst, 0, 1),
+            },
+            AnyAlgorithm::SlidingWindow(s) => {
+                (AlgorithmKind::SlidingWindow, 1, u64::from(s.sub_windows()))
+            }
+            AnyAlgorithm::SlidingLog(_) => (AlgorithmKind::SlidingLog, 2, 0),
+            AnyAlgorithm::LeakyBucket(_) => (AlgorithmKind::LeakyBucket, 3, 0),
+            AnyAlgorithm::TokenBucket(_) => (AlgorithmKind::TokenBucket, 4, 0),
+            AnyAlgorithm::Gcra(_) => (AlgorithmKind::Gcra, 5, 0),
+            AnyAlgorithm::WarmUp(_) => return Err(Error::Unsupported(AlgorithmKind::WarmUp)),
+        };
+        Ok(Self { kind, index, param })
+    }
+
+    pub(crate) fn script(&self) -> &'static Script {
+        &SCRIPTS[self.index]
+    }
+
+    /// The Redis keys of `key`'s state: one hash tag, so every key of a rule lives in one
+    /// cluster slot.
+    pub(crate) fn keys(&self, prefix: &str, key: &str) -> Vec<String> {
+        let base = format!("{prefix}{{{}}}:{}", hash_tag(key), self.kind.name());
+        if self.kind == AlgorithmKind::SlidingLog {
+            vec![format!("{base}:log"), format!("{base}:meta")]
+        } else {
+            vec![base]
+        }
+    }
+}
+
+/// The text between `{` and `}`: the key itself when it contains no `}` (which would end
+/// the tag early) and does not start with `~`; otherwise `~` and the key in hex, so two
+/// keys never share a tag by accident.
+pub(crate) fn hash_tag(key: &str) -> String {
+    if !key.contains('}') && !key.starts_with('~') && !key.is_empty() {
+        return key.to_string();
+    }
+    let mut s = String::with_capacity(1 + 2 * key.len());
+    s.push('~');
+    for b in key.bytes() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Checks, before any request, that the scripts run `alg` under `limit` exactly with the
+/// time source `time`: [`Error::Unsupported`] for warm-up, [`Error::OutOfRange`] when a value
+/// a script computes could pass 2^53 in the unit of `time`. With [`TimeSource::Server`] this
+/// covers every time the server's clock gives until the year 2112; with
+/// [`TimeSource::Caller`] it checks the limit alone (times are checked per call).
+///
+/// # Errors
+/// As above.
+pub fn check_limit(alg: &AnyAlgorithm, limit: &Limit, time: TimeSource) -> Result<(), Error> {
+    Call::new(alg, "", "k", limit, time, 0, 1, false, 0).map(|_| ())
+}
+
+/// A script call's arguments, checked to be exact.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    pub(crate) shape: Shape,
+    pub(crate) keys: Vec<String>,
+    pub(crate) args: [String; 9],
+    time: TimeSource,
+}
+
+/// What a script answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub(crate) decision: Decision,
+    /// Permits taken (the cost when admitted; with a partial call, what was left).
+    pub(crate) granted: u64,
+}
+
+impl Call {
+    /// Builds the call; [`Error::OutOfRange`] if some value the script computes could pass
+    /// 2^53 in its unit.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        alg: &AnyAlgorithm,
+        prefix: &str,
+        key: &str,
+        limit: &Limit,
+        time: TimeSource,
+        now: Nanos,
+        cost: u64,
+        partial: bool,
+        min_ttl_ms: u64,
+    ) -> Result<Self, Error> {
+        let shape = Shape::of(alg)?;
+        let (now_arg, now_max, period, units_per_ms) = match time {
+            TimeSource::Caller => (now.to_string(), u128::from(now), limit.period(), 1_000_000),
+            // TIME in µs stays below 2^52 until the year 2112.
+            TimeSource::Server => (
+                "server".to_string(),
+                1 << 52,
+                limit.period().div_ceil(1000).max(1),
+                1_000,
+            ),
+        };
+        let (count, burst) = (u128::from(limit.count()), u128::from(limit.burst()));
+        let p = u128::from(period);
+        let fail = |what| {
+            Err(Error::OutOfRange {
+                algorithm: shape.kind,
+                what,
+                unit: time.unit(),
+            })
+        };
+        if count >= EXACT || burst >= EXACT || p >= EXACT {
+            return fail("the count, burst or period");
+        }
+        let ok = match shape.kind {
+            AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst => now_max + 2 * p < EXACT,
+            AlgorithmKind::SlidingWindow => {
+                let k = u128::from(shape.param);
+                let width = p.div_ceil(k).max(1);
+                now_max + (k + 2) * width < EXACT
+            }
+            AlgorithmKind::SlidingLog => now_max + 2 * p < EXACT,
+            AlgorithmKind::TokenBucket => (burst + 2) * p + count < EXACT && now_max < EXACT,
+            AlgorithmKind::LeakyBucket => (2 * burst + 1) * p + count < EXACT && now_max < EXACT,
+            AlgorithmKind::Gcra => {
+                let t = p.div_ceil(count).max(1);
+                now_max + (2 * burst + 1) * t < EXACT
+            }
+            AlgorithmKind::WarmUp => false,
+        };
+        if !ok {
+            return fail("the state (time, or burst × period)");
+        }
+        // A cost past 2^53 is refused with `retry_after: None` whatever it is exactly
+        // (count and burst are below 2^53).
+        let cost = cost.min((EXACT - 1) as u64);
+        let args = [
+            now_arg,
+            limit.count().to_string(),
+            period.to_string(),
+            limit.burst().to_string(),
+            cost.to_string(),
+            if partial { "1" } else { "0" }.to_string(),
+            min_ttl_ms.to_string(),
+            units_per_ms.to_string(),
+            shape.param.to_string(),
+        ];
+        Ok(Self {
+            shape,
+            keys: shape.keys(prefix, key),
+            args,
+            time,
+        })
+    }
+
+    /// Reads the script's reply `[allowed, limit, remaining, reset, retry, granted]`, times
+    /// converted back to nanoseconds.
+    pub(crate) fn reply(&self, v: &[i64]) -> Result<Reply, Error> {
+        let [allowed, limit, remaining, reset, retry, granted] = v else {
+            return Err(Error::Reply(format!("{v:?}")));
+        };
+        let scale: u64 = match self.time {
+            TimeSource::Caller => 1,
+            TimeSource::Server => 1_000,
+        };
+        let nat = |x: i64| u64::try_from(x).map_err(|_| Error::Reply(format!("{v:?}")));
+        let time = |x: i64| nat(x).map(|t| t.saturating_mul(scale));
+        let (limit, remaining, reset) = (nat(*limit)?, nat(*remaining)?, time(*reset)?);
+        let decision = if *allowed == 1 {
+            Decision::allow(limit, remaining, reset)
+        } else {
+            let retry = if *retry < 0 {
+                None
+            } else {
+                Some(time(*retry)?)
+            };
+            Decision::deny(limit, remaining, reset, retry)
+        };
+        Ok(Reply {
+            decision,
+            granted: nat(*granted)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_never_break_the_slot() {
+        assert_eq!(hash_tag("alice"), "alice");
+        assert_eq!(hash_tag("a}b"), "~617d62");
+        assert_eq!(hash_tag("~x"), "~7e78");
+        assert_eq!(hash_tag(""), "~");
+        let shape = Shape::of(&AnyAlgorithm::SlidingLog(sluice_limits::SlidingLog)).unwrap();
+        assert_eq!(
+            shape.keys("sluice:", "k"),
+            ["sluice:{k}:sliding-log:log", "sluice:{k}:sliding-log:meta"]
+        );
+    }
+
+    #[test]
+    fn refuses_what_lua_cannot_compute_exactly() {
+        let alg = AnyAlgorithm::TokenBucket(sluice_limits::TokenBucket);
+        let day: Limit = "1000000/1d".parse().unwrap();
+        let e = Call::new(&alg, "", "k", &day, TimeSource::Caller, 0, 1, false, 0);
+        assert!(matches!(e, Err(Error::OutOfRange { .. })), "{e:?}");
+        // In µs the same limit is 8.64e16: still too much for a token bucket…
+        assert!(Call::new(&alg, "", "k", &day, TimeSource::Server, 0, 1, false, 0).is_err());
+        // …but fine for GCRA, whose state is a time.
+        let gcra = AnyAlgorithm::Gcra(sluice_limits::Gcra);
+        assert!(Call::new(&gcra, "", "k", &day, TimeSource::Server, 0, 1, false, 0).is_ok());
+        // The bounds stated in the crate docs, in µs.
+        let ok = |alg: &AnyAlgorithm, l: &str| {
+            let l: Limit = l.parse().unwrap();
+            Call::new(alg, "", "k", &l, TimeSource::Server, 0, 1, false, 0).is_ok()
+        };
+        assert!(ok(&alg, "100000/1d"));
+        let leaky = AnyAlgorithm::LeakyBucket(sluice_limits::LeakyBucket);
+        assert!(ok(&leaky, "50000/1d") && !ok(&leaky, "100000/1d"));
+        let warm = AnyAlgorithm::new(AlgorithmKind::WarmUp, sluice_limits::Options::default());
+        assert!(matches!(
+            Call::new(&warm, "", "k", &day, TimeSource::Server, 0, 1, false, 0),
+            Err(Error::Unsupported(_))
+        ));
+    }
+}

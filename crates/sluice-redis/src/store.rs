@@ -1,0 +1,271 @@
+//! The exact mode: one script call per decision.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use sluice_limits::{AnyAlgorithm, Decision, Limit, Nanos};
+use tokio::sync::Mutex;
+
+use crate::error::Error;
+use crate::script::{Call, Reply, TimeSource};
+
+/// How a [`RedisStore`] talks to Redis.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// Where scripts read the time (default: the Redis server's clock). The stored times
+    /// are in the source's unit (µs or ns): do not share a [`RedisConfig::prefix`] between
+    /// stores with different time sources.
+    pub time: TimeSource,
+    /// The longest a call may take, connecting included (default 50 ms). Past it the call
+    /// fails with [`Error::Timeout`] and the connection is dropped and made again.
+    pub timeout: Duration,
+    /// Prefix of every Redis key (default `sluice:`).
+    pub prefix: String,
+    /// A key's state expires once it is idle (it decides as a missing key would), but never
+    /// sooner than this (default 1 s). With [`TimeSource::Caller`], whose clock may be
+    /// virtual, keep it longer than a run (`RedisConfig::caller_time` sets an hour).
+    pub min_ttl: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            time: TimeSource::Server,
+            timeout: Duration::from_millis(50),
+            prefix: "sluice:".to_string(),
+            min_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The defaults with the caller's time ([`TimeSource::Caller`]) and a TTL of an hour.
+    #[must_use]
+    pub fn caller_time() -> Self {
+        Self {
+            time: TimeSource::Caller,
+            min_ttl: Duration::from_secs(3600),
+            ..Self::default()
+        }
+    }
+}
+
+enum Target {
+    Single(redis::Client),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+enum Live {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// Redis as the central store of every key's state: one atomic script call per decision.
+///
+/// Both a single Redis (multiplexed connection) and Redis Cluster (`MOVED`/`ASK` followed
+/// by the client) are supported; every key of a rule carries one hash tag, so its state
+/// lives in one slot. The connection is made on the first call and made again after a
+/// failure, each time within [`RedisConfig::timeout`].
+pub struct RedisStore {
+    target: Target,
+    live: Mutex<Option<Live>>,
+    config: RedisConfig,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = match self.target {
+            Target::Single(ref c) => format!("{:?}", c.get_connection_info().addr()),
+            Target::Cluster(_) => "cluster".to_string(),
+        };
+        f.debug_struct("RedisStore")
+            .field("target", &target)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store on one Redis server (`redis://127.0.0.1:6379/`). Does not connect yet.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if the URL is not valid.
+    pub fn new(url: &str, config: RedisConfig) -> Result<Self, Error> {
+        Ok(Self {
+            target: Target::Single(redis::Client::open(url)?),
+            live: Mutex::new(None),
+            config,
+        })
+    }
+
+    /// A store on a Redis Cluster, given some of its nodes. Does not connect yet.
+    ///
+    /// # Errors
+    /// [`Error::Redis`] if a URL is not valid.
+    pub fn cluster(nodes: &[&str], config: RedisConfig) -> Result<Self, Error> {
+        let client = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+            .connection_timeout(config.timeout)
+            .response_timeout(config.timeout)
+            .build()?;
+        Ok(Self {
+            target: Target::Cluster(Box::new(client)),
+            live: Mutex::new(None),
+            config,
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// Decides a request of `cost` permits for `key` under `limit` with `alg`, in Redis,
+    /// atomically. `now` is used only with [`TimeSource::Caller`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer (see
+    /// [`Error::is_unavailable`]); [`Error::Unsupported`] or [`Error::OutOfRange`] for an
+    /// algorithm or limit the scripts cannot run exactly.
+    pub async fn check(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        Ok(self.call(alg, key, limit, now, cost, false).await?.decision)
+    }
+
+    /// Takes up to `wanted` permits at once (batched mode): all of them if the limit admits
+    /// them, else what it still holds. Returns the decision for the permits taken and
+    /// their number (0 when refused).
+    ///
+    /// # Errors
+    /// As [`RedisStore::check`].
+    pub async fn acquire(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        wanted: u64,
+    ) -> Result<(Decision, u64), Error> {
+        let r = self.call(alg, key, limit, now, wanted, true).await?;
+        Ok((r.decision, r.granted))
+    }
+
+    /// Answers `PING` within the timeout.
+    ///
+    /// # Errors
+    /// As [`RedisStore::check`].
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.bounded(async {
+            let cmd = redis::cmd("PING");
+            let mut live = self.connection().await?;
+            let _: String = match &mut live {
+                Live::Single(c) => cmd.query_async(c).await?,
+                Live::Cluster(c) => cmd.query_async(c).await?,
+            };
+            Ok(())
+        })
+        .await
+    }
+
+    async fn call(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        partial: bool,
+    ) -> Result<Reply, Error> {
+        let ttl = u64::try_from(self.config.min_ttl.as_millis()).unwrap_or(u64::MAX);
+        let call = Call::new(
+            alg,
+            &self.config.prefix,
+            key,
+            limit,
+            self.config.time,
+            now,
+            cost,
+            partial,
+            ttl,
+        )?;
+        let v: Vec<i64> = self
+            .bounded(async {
+                let mut inv = call.shape.script().prepare_invoke();
+                for k in &call.keys {
+                    inv.key(k);
+                }
+                for a in &call.args {
+                    inv.arg(a);
+                }
+                let mut live = self.connection().await?;
+                let v = match &mut live {
+                    Live::Single(c) => inv.invoke_async(c).await?,
+                    Live::Cluster(c) => inv.invoke_async(c).await?,
+                };
+                Ok(v)
+            })
+            .await?;
+        call.reply(&v)
+    }
+
+    /// Runs `f` within the timeout; on a failure that says the connection is bad, drops it
+    /// so the next call connects again.
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let r = match tokio::time::timeout(self.config.timeout, f).await {
+            // The client's own timeouts (set to the same value) may fire first.
+            Ok(Err(Error::Redis(e))) if e.is_timeout() => Err(Error::Timeout(self.config.timeout)),
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout(self.config.timeout)),
+        };
+        if let Err(e) = &r
+            && e.is_unavailable()
+            && matches!(self.target, Target::Single(_))
+        {
+            // A cluster connection re-routes and reconnects by itself.
+            if let Ok(mut slot) = self.live.try_lock() {
+                *slot = None;
+            }
+        }
+        r
+    }
+
+    /// The live connection, connecting if there is none.
+    async fn connection(&self) -> Result<Live, Error> {
+        let mut slot = self.live.lock().await;
+        if let Some(live) = slot.as_ref() {
+            return Ok(match live {
+                Live::Single(c) => Live::Single(c.clone()),
+                Live::Cluster(c) => Live::Cluster(c.clone()),
+            });
+        }
+        let live = match &self.target {
+            Target::Single(client) => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.config.timeout))
+                    .set_response_timeout(Some(self.config.timeout));
+                Live::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
+                )
+            }
+            Target::Cluster(client) => Live::Cluster(client.get_async_connection().await?),
+        };
+        let copy = match &live {
+            Live::Single(c) => Live::Single(c.clone()),
+            Live::Cluster(c) => Live::Cluster(c.clone()),
+        };
+        *slot = Some(live);
+        Ok(copy)
+    }
+}

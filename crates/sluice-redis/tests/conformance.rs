@@ -1,0 +1,240 @@
+//! One conformance suite for every backend: the same trace gives the same decisions in
+//! memory (`sluice-limits` itself) and in Redis (the Lua scripts, with the trace's time).
+//!
+//! Needs `redis-server` on PATH (scripts/test-all.sh installs it); without it these tests
+//! fail and say how to install it.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Options};
+use sluice_redis::{Backend, MemoryStore, RedisConfig, RedisStore};
+use support::RedisServer;
+
+/// Every algorithm the Redis backend implements, with small parameters.
+fn algorithms(sub_windows: u32) -> Vec<AnyAlgorithm> {
+    let options = Options {
+        sub_windows,
+        ..Options::default()
+    };
+    AlgorithmKind::ALL
+        .into_iter()
+        .filter(|&k| k != AlgorithmKind::WarmUp)
+        .map(|k| AnyAlgorithm::new(k, options))
+        .collect()
+}
+
+fn unique_prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("t{}:", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs `$body(backend)` once per backend, as limitador's `test_with_all_storage_impls!`:
+/// each test exists as `memory::name` and `redis::name`.
+macro_rules! test_with_all_backends {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(&sluice_redis::MemoryStore::new()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let server = super::support::RedisServer::start();
+                    let config = sluice_redis::RedisConfig {
+                        prefix: super::unique_prefix(),
+                        timeout: std::time::Duration::from_secs(2),
+                        ..sluice_redis::RedisConfig::caller_time()
+                    };
+                    let store = sluice_redis::RedisStore::new(&server.url(), config).unwrap();
+                    super::$name(&store).await;
+                }
+            )*
+        }
+    };
+}
+
+test_with_all_backends!(
+    gcra_burst_then_rate,
+    sliding_log_exact_retry,
+    fixed_window_resets_on_boundaries,
+    every_algorithm_refuses_what_never_fits,
+    keys_and_algorithms_are_independent,
+);
+
+async fn gcra_burst_then_rate(b: &impl Backend) {
+    // sluice-limits' own example: 2 per second, burst 2.
+    let alg = AnyAlgorithm::new(AlgorithmKind::Gcra, Options::default());
+    let l: Limit = "2/1s".parse().unwrap();
+    assert!(b.check(&alg, "k", &l, 0, 1).await.unwrap().allowed);
+    assert!(b.check(&alg, "k", &l, 0, 1).await.unwrap().allowed);
+    let refused = b.check(&alg, "k", &l, 0, 1).await.unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Some(500_000_000));
+    assert!(
+        b.check(&alg, "k", &l, 500_000_000, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+async fn sliding_log_exact_retry(b: &impl Backend) {
+    let alg = AnyAlgorithm::new(AlgorithmKind::SlidingLog, Options::default());
+    let l = Limit::from_nanos(3, 100).unwrap();
+    for t in [10, 20, 30] {
+        assert!(b.check(&alg, "k", &l, t, 1).await.unwrap().allowed);
+    }
+    let d = b.check(&alg, "k", &l, 40, 2).await.unwrap();
+    // The entries of 10 and 20 must leave: at 120.
+    assert_eq!(
+        (d.allowed, d.retry_after, d.reset_after),
+        (false, Some(80), 90)
+    );
+    assert!(!b.check(&alg, "k", &l, 119, 2).await.unwrap().allowed);
+    assert!(b.check(&alg, "k", &l, 120, 2).await.unwrap().allowed);
+}
+
+async fn fixed_window_resets_on_boundaries(b: &impl Backend) {
+    let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindow, Options::default());
+    let l = Limit::from_nanos(3, 100).unwrap();
+    assert!(b.check(&alg, "k", &l, 95, 3).await.unwrap().allowed);
+    let d = b.check(&alg, "k", &l, 99, 1).await.unwrap();
+    assert_eq!((d.allowed, d.retry_after), (false, Some(1)));
+    // seed 002 §3.1: a new window admits a full count right after the boundary.
+    assert!(b.check(&alg, "k", &l, 100, 3).await.unwrap().allowed);
+}
+
+async fn every_algorithm_refuses_what_never_fits(b: &impl Backend) {
+    let l = Limit::from_nanos(5, 1000).unwrap();
+    for alg in algorithms(4) {
+        let d = b.check(&alg, "big", &l, 0, 6).await.unwrap();
+        assert_eq!((d.allowed, d.retry_after), (false, None), "{alg:?}");
+        let d = b.check(&alg, "big", &l, 0, 0).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, 5), "{alg:?}");
+    }
+}
+
+async fn keys_and_algorithms_are_independent(b: &impl Backend) {
+    let l = Limit::from_nanos(1, 1000).unwrap();
+    for alg in algorithms(2) {
+        assert!(
+            b.check(&alg, "a", &l, 0, 1).await.unwrap().allowed,
+            "{alg:?}"
+        );
+        assert!(
+            !b.check(&alg, "a", &l, 0, 1).await.unwrap().allowed,
+            "{alg:?}"
+        );
+        assert!(
+            b.check(&alg, "b", &l, 0, 1).await.unwrap().allowed,
+            "{alg:?}"
+        );
+    }
+}
+
+/// A request of a trace: time step (may go back), key, cost, and whether the limit
+/// switches to the second one from here on.
+#[derive(Debug, Clone)]
+struct Step {
+    dt: i64,
+    key: u8,
+    cost: u64,
+    switch: bool,
+}
+
+fn limit() -> impl Strategy<Value = Limit> {
+    (1u64..=12, 1u64..=400_000, 1u64..=16).prop_map(|(n, p, b)| {
+        Limit::from_nanos(n, p * 7 + 1)
+            .unwrap()
+            .with_burst(b)
+            .unwrap()
+    })
+}
+
+fn trace() -> impl Strategy<Value = Vec<Step>> {
+    let step = (
+        prop_oneof![
+            3 => Just(0i64),
+            4 => 1i64..50_000,
+            2 => 50_000i64..3_000_000,
+            1 => -40_000i64..0,
+        ],
+        0u8..2,
+        prop_oneof![6 => Just(1u64), 2 => 0u64..=4, 1 => 5u64..=20],
+        proptest::bool::weighted(0.03),
+    )
+        .prop_map(|(dt, key, cost, switch)| Step {
+            dt,
+            key,
+            cost,
+            switch,
+        });
+    proptest::collection::vec(step, 1..120)
+}
+
+/// Every algorithm, random traces (with same-instant requests, time going back, costs
+/// above the limit and a change of limit): Redis with the trace's time decides exactly as
+/// `sluice-limits`, field by field.
+#[test]
+fn redis_decides_as_sluice_limits_on_random_traces() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (0usize..7, 1u32..=5, limit(), limit(), trace());
+    let result = runner.run(&strategy, |(which, k, first, second, steps)| {
+        let alg = algorithms(k)[which];
+        let config = RedisConfig {
+            prefix: unique_prefix(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let memory = MemoryStore::new();
+        rt.block_on(async {
+            let mut now: u64 = 1_000_000;
+            let mut limit = first;
+            for (i, s) in steps.iter().enumerate() {
+                now = now.saturating_add_signed(s.dt);
+                if s.switch {
+                    limit = second;
+                }
+                let key = if s.key == 0 { "a" } else { "b" };
+                let want: Decision = memory.check(&alg, key, &limit, now, s.cost).await.unwrap();
+                let got = redis
+                    .check(&alg, key, &limit, now, s.cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "request {} ({:?}) at {} under {}",
+                    i,
+                    s,
+                    now,
+                    limit
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
