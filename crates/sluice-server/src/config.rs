@@ -111,6 +111,10 @@ pub enum Coordination {
     Local,
     /// The nodes of the cluster divide the limit among themselves.
     Cluster,
+    /// Every node decides through one Redis (exact or batched, seed 002 §4.3–§4.4), and
+    /// decides locally with its share of the limit while Redis does not answer. Without a
+    /// Redis attached to the engine the node decides locally with the whole limit.
+    Redis,
 }
 
 impl Coordination {
@@ -120,6 +124,7 @@ impl Coordination {
         match self {
             Self::Local => "local",
             Self::Cluster => "cluster",
+            Self::Redis => "redis",
         }
     }
 }
@@ -162,6 +167,9 @@ pub enum Policy {
 /// A `rate_limit` block of a descriptor, with the descriptor's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    /// The descriptor path as envoyproxy/ratelimit names it in its statistics
+    /// (`key_value.key2`, without the domain): the rule's name in `/metrics`.
+    pub path: String,
     /// `name`, which `replaces` of other rules may name.
     pub name: Option<String>,
     /// Names of the rules this one replaces when both match one request.
@@ -273,9 +281,20 @@ pub enum ConfigErrorKind {
     /// `algorithm` is not one of [`AlgorithmKind::NAMES`].
     #[error("{0}")]
     UnknownAlgorithm(#[from] sluice_limits::UnknownAlgorithm),
-    /// `coordination` is neither `local` nor `cluster`.
-    #[error("unknown coordination {0:?} (expected local or cluster)")]
+    /// `coordination` is not `local`, `cluster` or `redis`.
+    #[error("unknown coordination {0:?} (expected local, cluster or redis)")]
     UnknownCoordination(String),
+    /// A coordination Sluice knows of but does not implement yet.
+    #[error("coordination {0:?} is not supported yet (expected local, cluster or redis)")]
+    CoordinationNotSupported(String),
+    /// `coordination: redis` with an algorithm the Redis scripts do not run (warm-up keeps
+    /// floating-point state).
+    #[error("`coordination: redis` does not support algorithm {0} (every other algorithm works)")]
+    RedisAlgorithm(AlgorithmKind),
+    /// `coordination: redis` with a limit the Redis scripts cannot compute exactly in Lua's
+    /// doubles.
+    #[error("`coordination: redis` cannot run this limit exactly: {0}")]
+    RedisRange(String),
     /// A `replaces` entry without a name.
     #[error("a `replaces` entry must have a non-empty `name`")]
     EmptyReplaces,
@@ -836,7 +855,7 @@ impl FileParser<'_> {
             None => format!("{path}{key}"),
         };
         let rule = match rate_limit {
-            Some(rl) => Some(self.rule(rl, shadow_mode, detailed_metric)?),
+            Some(rl) => Some(self.rule(rl, &composite, shadow_mode, detailed_metric)?),
             None => None,
         };
         let mut node_out = Node {
@@ -877,6 +896,7 @@ impl FileParser<'_> {
     fn rule(
         &self,
         node: &Yaml<'_>,
+        path: &str,
         shadow_mode: bool,
         detailed_metric: bool,
     ) -> Result<Rule, ConfigError> {
@@ -956,10 +976,20 @@ impl FileParser<'_> {
                 Some(v) => Some(self.number(v, "burst", 1, u64::from(u32::MAX))?),
                 None => None,
             };
+            let coordination_node = coordination;
             let coordination = match coordination {
                 Some(v) => match self.string(v, "coordination")?.as_deref() {
                     Some("local") | None => Coordination::Local,
                     Some("cluster") => Coordination::Cluster,
+                    Some("redis") => Coordination::Redis,
+                    // Seed 002 §4.4(3)'s token server: named so a file written for it
+                    // fails clearly rather than as a typo.
+                    Some(name @ ("token-server" | "token_server")) => {
+                        return Err(self.err(
+                            v,
+                            ConfigErrorKind::CoordinationNotSupported(name.to_string()),
+                        ));
+                    }
                     Some(other) => {
                         return Err(
                             self.err(v, ConfigErrorKind::UnknownCoordination(other.to_string()))
@@ -975,6 +1005,14 @@ impl FileParser<'_> {
                     Some(b) => l.with_burst(b).unwrap_or(l),
                     None => l,
                 });
+            // A rule Redis cannot run is refused here, at its place in the file, rather
+            // than decided locally on every request.
+            if coordination == Coordination::Redis
+                && let (Some(v), Some(l)) = (coordination_node, &limit)
+                && let Err(kind) = crate::engine::central::check_rule(algorithm, l)
+            {
+                return Err(self.err(v, kind));
+            }
             Policy::Limited(Limited {
                 rate: RateLimit {
                     requests_per_unit,
@@ -987,6 +1025,7 @@ impl FileParser<'_> {
             })
         };
         Ok(Rule {
+            path: path.to_owned(),
             name,
             replaces,
             shadow_mode,

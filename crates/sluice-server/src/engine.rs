@@ -24,19 +24,37 @@
 //! same (once over, a fixed window stays over until it ends); with a larger addend a refused
 //! request leaves its permits to smaller requests, and `limit_remaining` says how many.
 //!
-//! Scope of this engine: it decides from this node's state alone and applies each rule's
-//! whole limit, `coordination: cluster` rules included; dividing a cluster rule's limit
-//! among nodes is the cluster layer's job, which will hand the engine this node's share.
+//! Scope of this engine: it decides from this node's state alone. A `coordination: cluster`
+//! rule applies this node's share of the limit when a cluster is attached
+//! ([`Engine::attach_cluster`]: the cluster driver keeps the [`Shares`] up to date), and the
+//! whole limit otherwise (a cluster of one).
+//!
+//! A `coordination: redis` rule is decided by Redis when one is attached
+//! ([`Engine::attach_redis`]) and the request goes through [`Engine::should_rate_limit_async`]:
+//! every node shares one state per descriptor there (seed 002 §4.3), and while Redis does not
+//! answer within its timeout the node decides with its share of the limit (seed 002 §4.4(4);
+//! [`Engine::central_status`] says which). Without Redis, and in the synchronous calls, such a
+//! rule is decided from this node's own state: with the whole limit when no Redis is attached
+//! (a single node), with the fallback share when one is.
+
+// Registered here so the module compiles with the engine; `lib.rs` re-exports it as
+// `sluice_server::central`.
+#[path = "central.rs"]
+pub mod central;
 
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use foldhash::HashMap;
 use parking_lot::RwLock;
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyedStore, Limit, Nanos, Options};
 
 use crate::config::{
     Config, ConfigError, ConfigSource, Coordination, Limited, Policy, RateLimit, Rule,
 };
+use crate::shares::{Shares, cluster_key, scaled};
+use crate::stats::{Outcome, RuleStats, StatsRegistry};
+use central::{Central, CentralStatus};
 
 /// One `key: value` pair of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -231,9 +249,38 @@ enum Mode {
 /// Memory: a key is stored from its first admitted request until [`Engine::retain_idle`]
 /// finds it idle; the server shell calls that periodically.
 pub struct Engine {
-    config: RwLock<Arc<Config>>,
+    loaded: RwLock<Arc<Loaded>>,
     /// One store per algorithm kind, in the order of [`AlgorithmKind::ALL`].
     stores: Vec<KeyedStore<CounterKey, AnyAlgorithm>>,
+    stats: StatsRegistry,
+    shares: OnceLock<Arc<Shares>>,
+    central: OnceLock<Arc<Central>>,
+}
+
+/// A configuration in force, with its rules' counters found by the rule's address (stable
+/// while this `Arc` lives), so the hot path hashes a pointer rather than a name.
+struct Loaded {
+    config: Arc<Config>,
+    rule_stats: HashMap<usize, Arc<RuleStats>>,
+}
+
+impl Loaded {
+    fn new(config: Config, stats: &StatsRegistry) -> Self {
+        let mut rule_stats = HashMap::default();
+        for domain in config.domains() {
+            for rule in domain.rules() {
+                rule_stats.insert(rule_addr(rule), stats.rule(domain.name(), &rule.path));
+            }
+        }
+        Self {
+            config: Arc::new(config),
+            rule_stats,
+        }
+    }
+}
+
+fn rule_addr(rule: &Rule) -> usize {
+    std::ptr::from_ref(rule) as usize
 }
 
 impl std::fmt::Debug for Engine {
@@ -259,21 +306,65 @@ impl Engine {
             .iter()
             .map(|&k| KeyedStore::new(AnyAlgorithm::new(k, Options::default()), 16))
             .collect();
+        let stats = StatsRegistry::default();
         Self {
-            config: RwLock::new(Arc::new(config)),
+            loaded: RwLock::new(Arc::new(Loaded::new(config, &stats))),
             stores,
+            stats,
+            shares: OnceLock::new(),
+            central: OnceLock::new(),
         }
     }
 
     /// The configuration in force.
     #[must_use]
     pub fn config(&self) -> Arc<Config> {
-        self.config.read().clone()
+        self.loaded.read().config.clone()
     }
 
     /// Puts `config` in force for the following requests.
     pub fn set_config(&self, config: Config) {
-        *self.config.write() = Arc::new(config);
+        let loaded = Arc::new(Loaded::new(config, &self.stats));
+        *self.loaded.write() = loaded;
+    }
+
+    /// Every rule's decision counters (they survive reloads).
+    #[must_use]
+    pub fn stats(&self) -> &StatsRegistry {
+        &self.stats
+    }
+
+    /// From now on, `coordination: cluster` rules apply this node's share from `shares`
+    /// (kept up to date by the cluster driver). Returns `false`, changing nothing, if a
+    /// cluster was already attached.
+    pub fn attach_cluster(&self, shares: Arc<Shares>) -> bool {
+        self.shares.set(shares).is_ok()
+    }
+
+    /// From now on, `coordination: redis` rules are decided by `central` (built by
+    /// [`central::connect`]) in [`Engine::should_rate_limit_async`]. Returns `false`,
+    /// changing nothing, if a Redis was already attached.
+    pub fn attach_redis(&self, central: impl Into<Arc<Central>>) -> bool {
+        self.central.set(central.into()).is_ok()
+    }
+
+    /// The attached Redis, if any.
+    #[must_use]
+    pub fn redis(&self) -> Option<&Arc<Central>> {
+        self.central.get()
+    }
+
+    /// Where `coordination: redis` rules are decided now (Redis or the local fallback, since
+    /// when, how many changes), for `/metrics` and `/v1/cluster`; `None` without Redis.
+    #[must_use]
+    pub fn central_status(&self) -> Option<CentralStatus> {
+        self.central.get().map(|c| c.status())
+    }
+
+    /// The attached cluster's shares, if any.
+    #[must_use]
+    pub fn shares(&self) -> Option<&Arc<Shares>> {
+        self.shares.get()
     }
 
     /// Loads `source` again: on success the new configuration is in force; on error the old
@@ -350,19 +441,95 @@ impl Engine {
         self.len() == 0
     }
 
-    fn decide(&self, now: Nanos, request: &Request, mode: Mode) -> Result<Response, RequestError> {
+    /// Decides `request` at `now` as [`Engine::should_rate_limit`] does, except that
+    /// `coordination: redis` rules are decided by the attached Redis ([`Engine::attach_redis`]).
+    /// Each Redis call is bounded by the Redis timeout; once one times out the engine is in
+    /// fallback and decides those rules locally at once (with one probe per 100 ms), so a
+    /// request waits at most about one timeout whatever its descriptors. Without Redis it is
+    /// [`Engine::should_rate_limit`].
+    ///
+    /// # Errors
+    /// As [`Engine::should_rate_limit`].
+    pub async fn should_rate_limit_async(
+        &self,
+        now: Nanos,
+        request: &Request,
+    ) -> Result<Response, RequestError> {
+        let Some(central) = self.central.get() else {
+            return self.decide(now, request, Mode::Check);
+        };
+        let loaded = self.loaded.read().clone();
+        let Some(rules) = self.plan(&loaded, request)? else {
+            return Ok(no_domain(request));
+        };
+        let mut statuses = Vec::with_capacity(rules.len());
+        // In request order, one after the other: two equal descriptors of one request see
+        // each other's hits, as in the synchronous path.
+        for (d, rule) in request.descriptors.iter().zip(&rules) {
+            let cost = cost_of(request, d);
+            let redis = match rule {
+                Matched::Rule(r) => match &r.policy {
+                    Policy::Limited(l) if l.coordination == Coordination::Redis => Some(l),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let decided = match redis {
+                Some(l) => Some(
+                    self.redis_limited(central, now, &request.domain, d, l, cost)
+                        .await,
+                ),
+                None => None,
+            };
+            statuses.push(self.status(
+                &loaded,
+                now,
+                &request.domain,
+                d,
+                rule,
+                cost,
+                Mode::Check,
+                decided,
+            ));
+        }
+        Ok(respond(statuses))
+    }
+
+    /// A `coordination: redis` rule's status, decided by Redis (or its fallback).
+    async fn redis_limited(
+        &self,
+        central: &Central,
+        now: Nanos,
+        domain: &str,
+        d: &Descriptor,
+        rule: &Limited,
+        cost: u64,
+    ) -> DescriptorStatus {
+        let unit = rule.rate.unit.nanos();
+        let window_reset = unit - now % unit;
+        let Some(limit) = &rule.limit else {
+            return blocked(rule, window_reset);
+        };
+        let key = central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+        let decision = central.decide(rule.algorithm, &key, limit, now, cost).await;
+        to_status(rule, &decision, window_reset)
+    }
+
+    /// The rule each descriptor gets, after `replaces`; `None` for an unknown domain.
+    fn plan<'l>(
+        &self,
+        loaded: &'l Loaded,
+        request: &Request,
+    ) -> Result<Option<Vec<Matched<'l>>>, RequestError> {
         if request.domain.is_empty() {
             return Err(RequestError::EmptyDomain);
         }
         if request.descriptors.is_empty() {
             return Err(RequestError::NoDescriptors);
         }
-        let config = self.config();
+        let config = &loaded.config;
         let Some(domain) = config.domain(&request.domain) else {
-            return Ok(Response {
-                overall_code: Code::Ok,
-                statuses: vec![DescriptorStatus::NO_LIMIT; request.descriptors.len()],
-            });
+            return Ok(None);
         };
         let mut rules: Vec<Matched<'_>> = request
             .descriptors
@@ -391,40 +558,65 @@ impl Engine {
                 *slot = Matched::Nothing;
             }
         }
-        let mut overall_code = Code::Ok;
+        Ok(Some(rules))
+    }
+
+    fn decide(&self, now: Nanos, request: &Request, mode: Mode) -> Result<Response, RequestError> {
+        let loaded = self.loaded.read().clone();
+        let Some(rules) = self.plan(&loaded, request)? else {
+            return Ok(no_domain(request));
+        };
         let statuses = request
             .descriptors
             .iter()
-            .zip(rules)
+            .zip(&rules)
             .map(|(d, rule)| {
-                let cost = d
-                    .hits_addend
-                    .unwrap_or(u64::from(request.hits_addend))
-                    .max(1);
-                let status = match &rule {
-                    Matched::Nothing => DescriptorStatus::NO_LIMIT,
-                    Matched::Override(l) => self.limited(now, &request.domain, d, l, cost, mode),
-                    Matched::Rule(rule) => match &rule.policy {
-                        Policy::Unlimited => DescriptorStatus::UNLIMITED,
-                        Policy::Limited(l) => {
-                            let mut s = self.limited(now, &request.domain, d, l, cost, mode);
-                            if rule.shadow_mode {
-                                s.code = Code::Ok;
-                            }
-                            s
-                        }
-                    },
-                };
-                if status.code == Code::OverLimit {
-                    overall_code = Code::OverLimit;
-                }
-                status
+                let cost = cost_of(request, d);
+                self.status(&loaded, now, &request.domain, d, rule, cost, mode, None)
             })
             .collect();
-        Ok(Response {
-            overall_code,
-            statuses,
-        })
+        Ok(respond(statuses))
+    }
+
+    /// One descriptor's status under its rule: `decided` when Redis has decided it already,
+    /// else from this node's state; shadow mode and the rule's counters applied.
+    #[allow(clippy::too_many_arguments)]
+    fn status(
+        &self,
+        loaded: &Loaded,
+        now: Nanos,
+        domain: &str,
+        d: &Descriptor,
+        rule: &Matched<'_>,
+        cost: u64,
+        mode: Mode,
+        decided: Option<DescriptorStatus>,
+    ) -> DescriptorStatus {
+        match rule {
+            Matched::Nothing => DescriptorStatus::NO_LIMIT,
+            Matched::Override(l) => self.limited(now, domain, d, l, cost, mode),
+            Matched::Rule(rule) => match &rule.policy {
+                Policy::Unlimited => DescriptorStatus::UNLIMITED,
+                Policy::Limited(l) => {
+                    let mut s =
+                        decided.unwrap_or_else(|| self.limited(now, domain, d, l, cost, mode));
+                    let outcome = match (s.code, rule.shadow_mode) {
+                        (Code::Ok, _) => Outcome::Within,
+                        (Code::OverLimit, false) => Outcome::Over,
+                        (Code::OverLimit, true) => Outcome::Shadow,
+                    };
+                    if rule.shadow_mode {
+                        s.code = Code::Ok;
+                    }
+                    if mode == Mode::Check
+                        && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
+                    {
+                        stats.record(outcome, cost);
+                    }
+                    s
+                }
+            },
+        }
     }
 
     fn limited(
@@ -441,12 +633,43 @@ impl Engine {
         let window_reset = unit - now % unit;
         let Some(limit) = &rule.limit else {
             // `requests_per_unit: 0`: a block rule, nothing to count.
-            return DescriptorStatus {
-                code: Code::OverLimit,
-                current_limit: Some(rule.rate),
-                limit_remaining: 0,
-                duration_until_reset: Some(window_reset),
-            };
+            return blocked(rule, window_reset);
+        };
+        let share;
+        let limit = match (rule.coordination, self.shares.get()) {
+            (Coordination::Cluster, Some(shares)) => {
+                let key = cluster_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+                let units = match mode {
+                    // Refused hits count too: the cluster divides by demand, not throughput.
+                    Mode::Check => shares.on_hit(key, limit.count(), limit.period(), cost),
+                    Mode::Peek => shares.units(key),
+                };
+                let count = scaled(limit.count(), units);
+                let Some(l) = Limit::from_nanos(count, limit.period()).ok().map(|l| {
+                    l.with_burst(scaled(limit.burst(), units).max(1))
+                        .unwrap_or(l)
+                }) else {
+                    // This node holds no part of the limit now (the others use it all).
+                    return DescriptorStatus {
+                        code: Code::OverLimit,
+                        current_limit: Some(rule.rate),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(window_reset),
+                    };
+                };
+                share = l;
+                &share
+            }
+            // Decided here only in the synchronous calls, or when no Redis is attached: with
+            // Redis, as its fallback would (this node's share); without, as a single node.
+            (Coordination::Redis, _) => match self.central.get() {
+                Some(central) => {
+                    share = central.fallback_limit(limit);
+                    &share
+                }
+                None => limit,
+            },
+            _ => limit,
         };
         let store = &self.stores[kind_index(rule.algorithm)];
         let key = CounterKey::new(domain, d);
@@ -454,19 +677,64 @@ impl Engine {
             Mode::Check => store.check(&key, limit, now, cost),
             Mode::Peek => store.peek(&key, limit, now, cost),
         };
-        let reset = match rule.algorithm {
-            AlgorithmKind::FixedWindow => window_reset,
-            _ => decision.reset_after,
-        };
-        DescriptorStatus {
-            code: if decision.allowed {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            },
-            current_limit: Some(rule.rate),
-            limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
-            duration_until_reset: Some(reset),
-        }
+        to_status(rule, &decision, window_reset)
+    }
+}
+
+/// Hits a descriptor takes: its own `hits_addend`, else the request's; 0 counts as 1.
+fn cost_of(request: &Request, d: &Descriptor) -> u64 {
+    d.hits_addend
+        .unwrap_or(u64::from(request.hits_addend))
+        .max(1)
+}
+
+/// The answer for a domain no file defines: `OK`, no limit.
+fn no_domain(request: &Request) -> Response {
+    Response {
+        overall_code: Code::Ok,
+        statuses: vec![DescriptorStatus::NO_LIMIT; request.descriptors.len()],
+    }
+}
+
+fn respond(statuses: Vec<DescriptorStatus>) -> Response {
+    let overall_code = if statuses.iter().any(|s| s.code == Code::OverLimit) {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    Response {
+        overall_code,
+        statuses,
+    }
+}
+
+/// `requests_per_unit: 0`.
+fn blocked(rule: &Limited, window_reset: Nanos) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::OverLimit,
+        current_limit: Some(rule.rate),
+        limit_remaining: 0,
+        duration_until_reset: Some(window_reset),
+    }
+}
+
+fn to_status(
+    rule: &Limited,
+    decision: &sluice_limits::Decision,
+    window_reset: Nanos,
+) -> DescriptorStatus {
+    let reset = match rule.algorithm {
+        AlgorithmKind::FixedWindow => window_reset,
+        _ => decision.reset_after,
+    };
+    DescriptorStatus {
+        code: if decision.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        },
+        current_limit: Some(rule.rate),
+        limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(reset),
     }
 }

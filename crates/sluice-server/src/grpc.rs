@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
@@ -23,6 +23,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::config::{RateLimit, Unit};
 use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Entry, Request, Response};
+use crate::metrics::{Answer, Api, Metrics};
 
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
 /// memory under churning keys, rarely enough to cost nothing measurable.
@@ -42,17 +43,36 @@ impl Clock for UnixClock {
     }
 }
 
-/// The `RateLimitService` implementation: an [`Engine`] and the clock it is read against.
+/// The `RateLimitService` implementation: an [`Engine`], the clock it is read against and,
+/// optionally, the [`Metrics`] its answers and decision times are recorded into.
 #[derive(Debug)]
 pub struct RateLimitGrpc<C = UnixClock> {
     engine: Arc<Engine>,
     clock: C,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<C: Clock> RateLimitGrpc<C> {
     /// A service deciding with `engine` at the times `clock` gives.
     pub fn new(engine: Arc<Engine>, clock: C) -> Self {
-        Self { engine, clock }
+        Self {
+            engine,
+            clock,
+            metrics: None,
+        }
+    }
+
+    /// The same service, recording every answer (`api="grpc"`) into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn record(&self, answer: Answer, took: Option<Duration>) {
+        if let Some(m) = &self.metrics {
+            m.record(Api::Grpc, answer, took);
+        }
     }
 }
 
@@ -62,16 +82,27 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         &self,
         request: tonic::Request<rls::RateLimitRequest>,
     ) -> Result<tonic::Response<rls::RateLimitResponse>, tonic::Status> {
-        let request = request_from_proto(request.into_inner())?;
+        let request = request_from_proto(request.into_inner())
+            .inspect_err(|_| self.record(Answer::Invalid, None))?;
         let now = self.clock.now();
         // envoyproxy/ratelimit answers an empty domain or descriptor list with an error, not
         // with a response (its `checkServiceErr`, same messages); Envoy's filter then applies
         // its `failure_mode_deny`. Its error reaches the wire as UNKNOWN (a plain Go error);
         // Envoy treats every error status alike, so we say what it is: INVALID_ARGUMENT.
-        let response = self
-            .engine
-            .should_rate_limit(now, &request)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        // Only the engine call is timed: the decision latency, not the transport's.
+        let start = Instant::now();
+        let decided = self.engine.should_rate_limit_async(now, &request).await;
+        let took = start.elapsed();
+        let response = match decided {
+            Ok(r) => {
+                self.record(r.overall_code.into(), Some(took));
+                r
+            }
+            Err(e) => {
+                self.record(Answer::Invalid, None);
+                return Err(tonic::Status::invalid_argument(e.to_string()));
+            }
+        };
         Ok(tonic::Response::new(response_to_proto(&response)))
     }
 }
@@ -94,7 +125,7 @@ pub async fn run(
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    run_with_clock(listener, engine, UnixClock, shutdown).await
+    run_with(listener, engine, UnixClock, None, shutdown).await
 }
 
 /// [`run`] on the time of `clock` (tests pass a [`sluice_limits::ManualClock`]).
@@ -107,9 +138,29 @@ pub async fn run_with_clock<C: Clock + 'static>(
     clock: C,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    run_with(listener, engine, clock, None, shutdown).await
+}
+
+/// [`run`] on the time of `clock`, recording answers and decision times into `metrics` if
+/// given (the HTTP shell's, [`crate::http::HttpState::metrics`], so one `/metrics` shows
+/// both APIs).
+///
+/// # Errors
+/// [`ServeError`] if the server fails.
+pub async fn run_with<C: Clock + 'static>(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    clock: C,
+    metrics: Option<Arc<Metrics>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let clock = Arc::new(clock);
     let sweeper = tokio::spawn(sweep(Arc::clone(&engine), Arc::clone(&clock)));
-    let service = RateLimitServiceServer::new(RateLimitGrpc::new(engine, clock));
+    let mut service = RateLimitGrpc::new(engine, clock);
+    if let Some(metrics) = metrics {
+        service = service.with_metrics(metrics);
+    }
+    let service = RateLimitServiceServer::new(service);
     // Decisions are tiny messages: don't let Nagle hold them back.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = tonic::transport::Server::builder()

@@ -38,14 +38,25 @@
 //! Envoy RLS v3 `ShouldRateLimit` over gRPC, on Envoy's own protobuf types, with graceful
 //! shutdown (the HTTP shell is still to come).
 
+pub mod cluster;
 pub mod config;
+pub mod daemon;
+pub mod demo;
 pub mod engine;
 pub mod grpc;
+pub mod http;
+pub mod loadgen;
+pub mod metrics;
+pub mod peer;
+pub mod shares;
+pub mod stats;
+pub mod status;
 
 pub use config::{
     Config, ConfigError, ConfigErrorKind, ConfigSource, Coordination, Domain, Limited, Location,
     Policy, RateLimit, Rule, Unit,
 };
+pub use engine::central;
 pub use engine::{
     Code, Descriptor, DescriptorStatus, Engine, Entry, Request, RequestError, Response,
 };

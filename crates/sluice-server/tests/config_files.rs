@@ -78,11 +78,11 @@ fn refusals_name_file_line_column_and_reason() {
             "burst",
         ),
         (
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      coordination: redis\n",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      coordination: zookeeper\n",
             7,
             21,
-            |k| matches!(k, ConfigErrorKind::UnknownCoordination(c) if c == "redis"),
-            "unknown coordination \"redis\"",
+            |k| matches!(k, ConfigErrorKind::UnknownCoordination(c) if c == "zookeeper"),
+            "unknown coordination \"zookeeper\"",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: c\n  - key: a\n    value: b\n",

@@ -16,7 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Show the limiting algorithms at work on a bursty trace (the README's main job).
+    /// A 5-node cluster on loopback sharing one limit (the README's main job); --algorithms
+    /// shows the standalone algorithms on a bursty trace.
     Demo(cmd::demo::Args),
     /// Replay a recorded trace through a limiting algorithm: one decision per request.
     Replay(cmd::replay::Args),
@@ -26,6 +27,8 @@ enum Command {
     Analyze(cmd::analyze::Args),
     /// Run the node daemon: a drop-in Envoy rate limit service (gRPC, RLS v3).
     Serve(cmd::serve::Args),
+    /// Load-test rate limit services (gRPC or HTTP): throughput and latency percentiles.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Analyze(a) => cmd::analyze::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

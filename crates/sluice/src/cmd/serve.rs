@@ -1,53 +1,209 @@
-//! `sluice serve`: the node daemon, a drop-in Envoy rate limit service (gRPC, RLS v3).
+//! `sluice serve`: the node daemon, a drop-in Envoy rate limit service (gRPC RLS v3 and
+//! HTTP), alone or in a cluster that divides `coordination: cluster` limits.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
-use sluice_server::{ConfigSource, Engine};
+use sluice_server::ConfigSource;
+use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
+use sluice_server::daemon::{Daemon, DaemonSpec};
+use sluice_server::peer::PeerKey;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// envoyproxy/ratelimit configuration: a YAML file, or a directory of `*.yaml` files.
-    /// Without it, the built-in example (domain `example`, 10/s per `remote_address`).
+    /// envoyproxy/ratelimit configuration: a YAML file, or a directory of `*.yaml` files
+    /// (reloaded when they change). Without it, the built-in example (domain `example`,
+    /// 10/s per `remote_address`).
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// Address of the Envoy RLS v3 gRPC service (envoyproxy/ratelimit's default port).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
+    /// Address of the HTTP service: /json, /v1/check, /metrics, /healthz, /readyz,
+    /// /v1/cluster (envoyproxy/ratelimit's default port).
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Address of the peer transport (UDP), in a cluster.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8082")]
+    peer_addr: SocketAddr,
+    /// This node's id in the cluster (an integer; with --peers).
+    #[arg(long, value_name = "ID", requires = "peers")]
+    node_id: Option<u32>,
+    /// The other members: ID=HOST:PORT[@WEIGHT],… (their peer addresses). Starts a cluster.
+    #[arg(long, value_name = "LIST", requires = "node_id")]
+    peers: Option<String>,
+    /// File holding the cluster's shared key (at least 16 bytes; e.g. `openssl rand -hex 32`).
+    /// Or set SLUICE_PEER_KEY. Peer datagrams are authenticated with it (HMAC-SHA256).
+    #[arg(long, value_name = "PATH")]
+    peer_key_file: Option<PathBuf>,
+    /// The gain γ: `auto` (fastest stable gain of the topology, seed 000 Thm 2) or a number.
+    #[arg(long, default_value = "auto")]
+    gamma: String,
+    /// Edge list of the cluster's communication graph (`a b [weight]` per line, as written
+    /// by `sluice analyze --weights-out`), for `--gamma auto`; default: every member links
+    /// every other.
+    #[arg(long, value_name = "PATH")]
+    topology: Option<PathBuf>,
+    /// The update cycle.
+    #[arg(long, default_value = "100ms")]
+    cycle: String,
+    /// The lease on shared capacity (at least four cycles).
+    #[arg(long, default_value = "1s")]
+    lease: String,
+    /// What a node enforces when it cannot reach its heir: `none` (strict), `reserved:F`
+    /// (strict, keeps fraction F of its initial share), `last-share` (available, not strict).
+    #[arg(long, default_value = "none")]
+    fallback: String,
+    /// File where the node keeps its incarnation across restarts. A restarted node must come
+    /// back as a new incarnation (it holds only its reservation until peers give it more):
+    /// without this file, restart it with a larger --incarnation.
+    #[arg(long, value_name = "PATH")]
+    state_file: Option<PathBuf>,
+    /// Incarnation when there is no --state-file.
+    #[arg(long, default_value_t = 1)]
+    incarnation: u64,
+    /// How often to look for changed configuration files (`off` to never reload).
+    #[arg(long, default_value = "1s")]
+    watch: String,
+    /// Redis for `coordination: redis` rules: redis://HOST:PORT[/DB], or several
+    /// comma-separated URLs for a Redis Cluster.
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// `exact` (one script call per decision) or `batched` (quota taken in batches).
+    #[arg(long, default_value = "exact")]
+    redis_mode: String,
+    /// How long a decision waits for Redis before the node decides locally with its share.
+    #[arg(long, default_value = "50ms")]
+    redis_timeout: String,
+}
+
+fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    sluice_limits::limit::parse_duration(text)
+        .map(Duration::from_nanos)
+        .with_context(|| format!("{flag}: `{text}` is not a duration (e.g. 100ms, 1s)"))
+}
+
+/// Reads, increments and writes back the incarnation (written before the node starts, so a
+/// crash right after start still moves it on).
+fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
+    let last = match std::fs::read_to_string(path) {
+        Ok(t) => t
+            .trim()
+            .parse::<u64>()
+            .with_context(|| format!("{}: not an incarnation number", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let next = last + 1;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{next}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(next)
+}
+
+fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
+    let text = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the peer key file {}", f.display()))?,
+        None => std::env::var("SLUICE_PEER_KEY").map_err(|_| {
+            anyhow::anyhow!(
+                "a cluster needs a shared key: give --peer-key-file or set SLUICE_PEER_KEY"
+            )
+        })?,
+    };
+    Ok(PeerKey::from_text(&text)?)
+}
+
+fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>> {
+    let (Some(id), Some(peers)) = (args.node_id, &args.peers) else {
+        return Ok(None);
+    };
+    let peers = parse_peers(peers)?;
+    anyhow::ensure!(!peers.is_empty(), "--peers: no peer given");
+    let mut spec = ClusterSpec::new(id, peers, peer_key(args.peer_key_file.as_deref())?);
+    spec.gamma = match args.gamma.as_str() {
+        "auto" => Gamma::Auto,
+        g => Gamma::Fixed(
+            g.parse()
+                .ok()
+                .filter(|g: &f64| *g > 0.0 && g.is_finite())
+                .with_context(|| {
+                    format!("--gamma: expected `auto` or a positive number, got `{g}`")
+                })?,
+        ),
+    };
+    if let Some(path) = &args.topology {
+        let topo = sluice_graph::Topology::read_edge_list(path)
+            .with_context(|| format!("--topology {}", path.display()))?;
+        spec.topology = Some(
+            topo.edges()
+                .iter()
+                .map(|e| (e.a as u32, e.b as u32, e.weight))
+                .collect(),
+        );
+    }
+    spec.cycle = duration("--cycle", &args.cycle)?;
+    spec.lease = duration("--lease", &args.lease)?;
+    spec.fallback = parse_fallback(&args.fallback)?;
+    spec.incarnation = match &args.state_file {
+        Some(p) => next_incarnation(p)?,
+        None => args.incarnation,
+    };
+    Ok(Some((spec, args.peer_addr)))
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let (source, described) = match args.config {
-        Some(path) => {
-            let d = path.display().to_string();
-            (ConfigSource::Path(path), d)
-        }
-        None => (ConfigSource::Example, "the built-in example".to_owned()),
+    super::init_logs();
+    let source = match &args.config {
+        Some(path) => ConfigSource::Path(path.clone()),
+        None => ConfigSource::Example,
     };
-    // Validate before listening: a bad file stops the daemon with file, line and reason.
-    // The error already names file, line and reason (not as a context chain: its source
-    // would repeat the reason).
-    let config = source
-        .load()
-        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    let domains = config.domains().count();
-    let engine = Arc::new(Engine::new(config));
+    let watch = match args.watch.as_str() {
+        "off" => None,
+        w => Some(duration("--watch", w)?),
+    };
+    let spec = DaemonSpec {
+        source,
+        grpc_addr: args.grpc_addr,
+        http_addr: Some(args.http_addr),
+        cluster: cluster_spec(&args)?,
+        watch,
+        redis: match &args.redis_url {
+            Some(url) => Some((
+                url.clone(),
+                args.redis_mode
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--redis-mode: {e}"))?,
+                duration("--redis-timeout", &args.redis_timeout)?,
+            )),
+            None => None,
+        },
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.grpc_addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.grpc_addr))?;
-        let addr = listener.local_addr().unwrap_or(args.grpc_addr);
-        eprintln!(
-            "sluice serve: Envoy RLS v3 gRPC on {addr}, {domains} domain(s) from {described}"
+        // Validated before listening: a bad file stops the daemon with file, line and reason.
+        let daemon = Daemon::start(spec).await?;
+        let s = daemon.status();
+        tracing::info!(
+            grpc = %daemon.grpc_addr,
+            http = ?daemon.http_addr,
+            peer = ?daemon.peer_addr,
+            node = s.node_id,
+            incarnation = s.incarnation,
+            members = s.members.len() + 1,
+            gamma = s.gamma,
+            "sluice serve: listening"
         );
-        sluice_server::grpc::run(listener, engine, shutdown_signal()).await?;
-        eprintln!("sluice serve: stopped");
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing calls in flight, handing capacity to the heir");
+        daemon.shutdown().await;
+        tracing::info!("stopped");
         Ok(())
     })
 }
@@ -57,7 +213,7 @@ async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             // Without the handler, serve until killed rather than stop at once.
-            eprintln!("sluice serve: cannot watch for Ctrl-C: {e}");
+            tracing::warn!(error = %e, "cannot watch for Ctrl-C");
             std::future::pending::<()>().await;
         }
     };
@@ -68,7 +224,7 @@ async fn shutdown_signal() {
                 s.recv().await;
             }
             Err(e) => {
-                eprintln!("sluice serve: cannot watch for SIGTERM: {e}");
+                tracing::warn!(error = %e, "cannot watch for SIGTERM");
                 std::future::pending::<()>().await;
             }
         }
@@ -79,5 +235,4 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = term => {}
     }
-    eprintln!("sluice serve: shutting down, finishing calls in flight");
 }

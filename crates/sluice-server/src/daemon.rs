@@ -1,0 +1,247 @@
+//! One Sluice node, assembled: the engine, its gRPC and HTTP servers, the cluster driver
+//! and the configuration watcher, started together and stopped together. `sluice serve`
+//! runs one; `sluice demo` runs five in one process (each with its own sockets).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::cluster::{Cluster, ClusterError, ClusterSpec};
+use crate::config::{ConfigError, ConfigSource};
+use crate::engine::Engine;
+use crate::status::{ClusterInfo, ClusterStatus};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct DaemonSpec {
+    /// Where the rate limit configuration comes from.
+    pub source: ConfigSource,
+    /// The Envoy RLS v3 gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// The HTTP address (`None`: no HTTP server).
+    pub http_addr: Option<SocketAddr>,
+    /// The cluster, with the peer transport's address (`None`: a single node).
+    pub cluster: Option<(ClusterSpec, SocketAddr)>,
+    /// How often to look for changed configuration files (`None`: never).
+    pub watch: Option<Duration>,
+    /// Redis for `coordination: redis` rules: `(URL, mode, timeout)` (`None`: such rules
+    /// decide locally with the whole limit).
+    pub redis: Option<(String, crate::central::RedisMode, Duration)>,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The configuration is invalid (file, line and reason).
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The cluster could not start.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The Redis settings are invalid.
+    #[error("redis: {0}")]
+    Redis(#[from] crate::central::CentralError),
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The decision engine.
+    pub engine: Arc<Engine>,
+    /// The cluster driver, if clustered.
+    pub cluster: Option<Arc<Cluster>>,
+    /// Bound gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// Bound HTTP address.
+    pub http_addr: Option<SocketAddr>,
+    /// Bound peer address.
+    pub peer_addr: Option<SocketAddr>,
+    http_state: crate::http::HttpState,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind { addr, source })
+}
+
+impl Daemon {
+    /// Validates the configuration, binds every address and starts serving.
+    ///
+    /// # Errors
+    /// [`DaemonError`]: nothing is left running then.
+    pub async fn start(spec: DaemonSpec) -> Result<Self, DaemonError> {
+        let config = spec.source.load()?;
+        let engine = Arc::new(Engine::new(config));
+        if let Some((url, mode, timeout)) = &spec.redis {
+            // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.
+            let nodes = spec
+                .cluster
+                .as_ref()
+                .map_or(1, |(c, _)| c.peers.len() as u64 + 1);
+            let central = crate::central::connect(url, *mode, *timeout, nodes)?;
+            engine.attach_redis(central);
+        }
+        let grpc = bind_tcp(spec.grpc_addr).await?;
+        let grpc_addr = grpc.local_addr().unwrap_or(spec.grpc_addr);
+        let http = match spec.http_addr {
+            Some(a) => Some(bind_tcp(a).await?),
+            None => None,
+        };
+        let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
+        let (cluster, peer_addr) = match &spec.cluster {
+            Some((cs, addr)) => {
+                let socket = UdpSocket::bind(addr)
+                    .await
+                    .map_err(|source| DaemonError::Bind {
+                        addr: *addr,
+                        source,
+                    })?;
+                let c = Cluster::new(cs, socket, &engine)?;
+                let a = c.local_addr().ok();
+                (Some(c), a)
+            }
+            None => (None, None),
+        };
+        let (stop, rx) = watch::channel(false);
+        let stopped = move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let info: Option<Arc<dyn ClusterInfo>> = cluster.clone().map(|c| c as Arc<dyn ClusterInfo>);
+        // One metrics registry for both APIs, so `/metrics` shows gRPC decisions too.
+        let state = crate::http::HttpState::new(engine.clone(), info);
+        let metrics = state.metrics();
+        let mut tasks = Vec::new();
+        {
+            let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
+            tasks.push(tokio::spawn(async move {
+                let clock = crate::grpc::UnixClock;
+                if let Err(e) =
+                    crate::grpc::run_with(grpc, engine, clock, Some(metrics), done).await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            }));
+        }
+        let http_state = state.clone();
+        if let Some(listener) = http {
+            let done = stopped();
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = crate::http::run(listener, state, done).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            }));
+        }
+        if let Some(c) = &cluster {
+            let (c, done) = (c.clone(), stopped());
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = c.run(done).await {
+                    tracing::error!(error = %e, "cluster driver failed");
+                }
+            }));
+        }
+        if let (Some(every), ConfigSource::Path(path)) = (spec.watch, &spec.source) {
+            let (engine, path, done) = (engine.clone(), path.clone(), stopped());
+            tasks.push(tokio::spawn(watch_config(engine, path, every, done)));
+        }
+        Ok(Self {
+            engine,
+            cluster,
+            grpc_addr,
+            http_addr,
+            peer_addr,
+            http_state,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The cluster as the status page shows it.
+    #[must_use]
+    pub fn status(&self) -> ClusterStatus {
+        self.cluster
+            .as_ref()
+            .map_or_else(ClusterStatus::single, |c| c.status())
+    }
+
+    /// Stops serving: in-flight calls finish, the node hands its capacity to its heir.
+    pub async fn shutdown(self) {
+        // `/readyz` turns 503 first, so load balancers stop sending before the node leaves.
+        self.http_state.set_ready(false);
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// A fingerprint of the configuration files: `(path, modified, length)` of each.
+fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
+    let entry = |p: PathBuf| {
+        let m = std::fs::metadata(&p).ok();
+        let modified = m.as_ref().and_then(|m| m.modified().ok());
+        (p, modified, m.map_or(0, |m| m.len()))
+    };
+    match std::fs::read_dir(path) {
+        Ok(dir) => {
+            let mut v: Vec<_> = dir
+                .filter_map(Result::ok)
+                .map(|e| entry(e.path()))
+                .collect();
+            v.sort();
+            v
+        }
+        Err(_) => vec![entry(path.clone())],
+    }
+}
+
+/// Reloads the configuration when its files change (polling: portable, no watcher to lose
+/// events on editors' rename-into-place). A bad file is logged with file, line and reason,
+/// and the configuration in force stays.
+async fn watch_config(
+    engine: Arc<Engine>,
+    path: PathBuf,
+    every: Duration,
+    done: impl std::future::Future<Output = ()>,
+) {
+    let source = ConfigSource::Path(path.clone());
+    let mut seen = fingerprint(&path);
+    let mut tick = tokio::time::interval(every);
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            () = &mut done => return,
+            _ = tick.tick() => {}
+        }
+        let now = fingerprint(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match engine.reload(&source) {
+            Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
+            Err(e) => tracing::error!(
+                error = %e,
+                "configuration change refused; the previous configuration stays in force"
+            ),
+        }
+    }
+}

@@ -1,0 +1,988 @@
+//! The HTTP shell (axum): envoyproxy/ratelimit's `POST /json`, a plain check with the IETF
+//! rate limit headers, a check that does not consume, Prometheus metrics, health, readiness
+//! and the cluster's status.
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `POST /json` | envoyproxy/ratelimit's JSON `RateLimitRequest` → JSON `RateLimitResponse`; 200 `OK`, 429 `OVER_LIMIT` |
+//! | `GET\|POST /v1/check/{domain}?key=value&…` | one descriptor from the query (entries in order; `hits_addend=N` optional) → 200 / 429 with `RateLimit-*` headers, `Retry-After` on 429, the JSON `RateLimitResponse` as body |
+//! | `POST /v1/check` | the same with `/json`'s body (any number of descriptors) |
+//! | `GET\|POST /v1/peek/{domain}?…`, `POST /v1/peek` | as `/v1/check`, but nothing is counted: what a check would answer now |
+//! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
+//! | `GET /healthz` | 200 while the server runs |
+//! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease and not leaving), else 503 with the reason |
+//! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]) |
+//!
+//! A refused request (malformed JSON, empty domain, no descriptor, negative hits, an unknown
+//! override unit) gets 400 with a one-line `text/plain` reason, a body over [`MAX_BODY`] gets
+//! 413; neither reaches the engine, so nothing is counted.
+//!
+//! **`/json` and envoyproxy/ratelimit** (its `NewJsonHandler`): the request is the protojson
+//! form of `RateLimitRequest` — field names as in the `.proto` (`hits_addend`) or in
+//! lowerCamelCase (`hitsAddend`), integers as numbers or strings, enums by name or number,
+//! `null` for an absent field, unknown fields refused — and the answer is the protojson
+//! `RateLimitResponse` (lowerCamelCase names, enums by name, zero values left out,
+//! `durationUntilReset` as a protojson `Duration` string such as `"1s"`). Status codes are
+//! its: 200 for `OK`, 429 for `OVER_LIMIT`, 400 for what it cannot decide. Where Sluice
+//! differs: `durationUntilReset` keeps the engine's precision (`"0.750s"`; it rounds to whole
+//! seconds), an error's body says what is wrong (it writes `Bad Request`), only `POST` is
+//! accepted (it answers any method), bodies are limited to [`MAX_BODY`] (413), and
+//! `is_negative_hits` is refused (400) as on the gRPC side. The JSON is turned into the
+//! protobuf request and then into the engine's request by the same code as gRPC
+//! ([`crate::grpc::request_from_proto`]), so both APIs decide alike.
+//!
+//! **Headers of the plain check** (draft-ietf-httpapi-ratelimit-headers, the revision with
+//! three fields): `RateLimit-Limit` (requests per unit), `RateLimit-Remaining`,
+//! `RateLimit-Reset` (whole seconds, rounded up) and `RateLimit-Policy` (`N;w=SECONDS`) of
+//! the descriptor closest to its limit — the one with the fewest permits left; when the
+//! answer is 429, the refused descriptor with the longest wait — and `Retry-After` (seconds,
+//! at least 1) on 429: the time until that descriptor's limit is back to its full allowance,
+//! which for the default fixed window is the end of the window (an upper bound for the
+//! bucket algorithms, which may admit sooner). Without a limited descriptor (no rule,
+//! `unlimited`) there are no `RateLimit-*` headers.
+//!
+//! Decision latency is measured around the engine call only and recorded with the answer
+//! ([`Metrics::record`]); the idle-key sweep is the gRPC shell's ([`crate::grpc::run`]).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use rls::rate_limit_response::rate_limit::Unit as PbUnit;
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+use sluice_limits::{Clock, Nanos};
+use tokio::net::TcpListener;
+
+use crate::config::Unit;
+use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Request, RequestError, Response};
+use crate::grpc::UnixClock;
+use crate::metrics::{Answer, Api, CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
+use crate::status::{ClusterInfo, ClusterStatus};
+
+/// envoyproxy/ratelimit's HTTP port, and so the default of `sluice serve --http-addr`.
+pub const DEFAULT_PORT: u16 = 8080;
+
+/// Largest request body accepted (413 above). A `RateLimitRequest` is a few hundred bytes;
+/// 64 KiB leaves room for hundreds of descriptors while bounding what a client can make the
+/// server buffer.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The query parameter of `/v1/check/{domain}` that sets `hits_addend` rather than naming a
+/// descriptor entry (a descriptor with an entry of this key needs the JSON form).
+pub const HITS_PARAM: &str = "hits_addend";
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// What the HTTP handlers share: the engine, the cluster (if any), the metrics, the clock and
+/// the readiness flag. Cheap to clone (shared handles).
+#[derive(Clone)]
+pub struct HttpState {
+    engine: Arc<Engine>,
+    cluster: Option<Arc<dyn ClusterInfo>>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    ready: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpState")
+            .field("engine", &self.engine)
+            .field("cluster", &self.cluster)
+            .field("ready", &self.ready.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpState {
+    /// A state deciding with `engine` on wall time, describing `cluster` (`None`: a node
+    /// alone), with new [`Metrics`] of both. Ready from the start: an engine exists only
+    /// with a configuration loaded ([`HttpState::set_ready`] turns it off, e.g. to drain).
+    #[must_use]
+    pub fn new(engine: Arc<Engine>, cluster: Option<Arc<dyn ClusterInfo>>) -> Self {
+        let metrics = Arc::new(Metrics::new(Arc::clone(&engine), cluster.clone()));
+        Self {
+            engine,
+            cluster,
+            metrics,
+            clock: Arc::new(UnixClock),
+            ready: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// The same state reading `clock` (nanoseconds since the unix epoch) instead of wall
+    /// time: tests pass a [`sluice_limits::ManualClock`].
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The same state recording into `metrics` (e.g. shared with another server).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics, to hand to the gRPC shell ([`crate::grpc::run_with`]) so one `/metrics`
+    /// shows both APIs.
+    #[must_use]
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// The engine.
+    #[must_use]
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Sets whether this node is ready (`/readyz`); every clone of this state sees it.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// `Ok` if ready, else why not.
+    ///
+    /// # Errors
+    /// The reason, as `/readyz` reports it.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Err("not ready: starting or shutting down".to_owned());
+        }
+        if let Some(cluster) = &self.cluster {
+            let status = cluster.status();
+            // `expiring` still enforces a share the cluster granted; `expired` enforces the
+            // fallback, which keeps the limit but not the balance, so traffic should move.
+            if !matches!(status.lease.as_str(), "valid" | "expiring") {
+                return Err(format!("not ready: cluster lease is {}", status.lease));
+            }
+            if matches!(status.lifecycle.as_str(), "leaving" | "left") {
+                return Err(format!("not ready: node is {}", status.lifecycle));
+            }
+        }
+        Ok(())
+    }
+
+    fn cluster_status(&self) -> ClusterStatus {
+        self.cluster
+            .as_ref()
+            .map_or_else(ClusterStatus::single, |c| c.status())
+    }
+
+    /// Decides `request` now (consuming or not), timing the engine call and recording the
+    /// answer.
+    async fn decide(&self, api: Api, request: &Request) -> Result<Response, RequestError> {
+        let now = self.clock.now();
+        let start = Instant::now();
+        let result = match api {
+            Api::Peek => self.engine.check_only(now, request),
+            // The async path: `coordination: redis` rules go to Redis (bounded by its timeout).
+            _ => self.engine.should_rate_limit_async(now, request).await,
+        };
+        let took = start.elapsed();
+        match &result {
+            Ok(r) => self.metrics.record(api, r.overall_code.into(), Some(took)),
+            Err(_) => self.metrics.record(api, Answer::Invalid, None),
+        }
+        result
+    }
+
+    fn refuse(&self, api: Api, refusal: Refusal) -> HttpResponse {
+        self.metrics.record(api, Answer::Invalid, None);
+        refusal.into_response()
+    }
+}
+
+/// Every endpoint, over `state`.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/json", post(json))
+        .route("/v1/check", post(check_body))
+        .route("/v1/peek", post(peek_body))
+        .route("/v1/check/{domain}", get(check_query).post(check_query))
+        .route("/v1/peek/{domain}", get(peek_query).post(peek_query))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/cluster", get(cluster))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// Errors of [`run`].
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The HTTP server stopped on an I/O error.
+    #[error("HTTP server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves [`router`] on `listener` until `shutdown` completes; then stops accepting, lets
+/// requests in flight finish, and returns.
+///
+/// # Errors
+/// [`ServeError`] if the server fails.
+pub async fn run(
+    listener: TcpListener,
+    state: HttpState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    // Decisions are tiny answers: don't let Nagle hold them back.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Handlers
+
+async fn json(State(s): State<HttpState>, body: Result<Bytes, BytesRejection>) -> HttpResponse {
+    let request = match body.map_err(Refusal::body).and_then(|b| parse_json(&b)) {
+        Ok(r) => r,
+        Err(refusal) => return s.refuse(Api::Json, refusal),
+    };
+    match s.decide(Api::Json, &request).await {
+        Ok(response) => (
+            status_of(&response),
+            [(header::CONTENT_TYPE, JSON)],
+            response_json(&response),
+        )
+            .into_response(),
+        Err(e) => Refusal::bad(e.to_string()).into_response(),
+    }
+}
+
+async fn check_body(s: State<HttpState>, body: Result<Bytes, BytesRejection>) -> HttpResponse {
+    body_plain(s, Api::Check, body).await
+}
+
+async fn peek_body(s: State<HttpState>, body: Result<Bytes, BytesRejection>) -> HttpResponse {
+    body_plain(s, Api::Peek, body).await
+}
+
+async fn body_plain(
+    State(s): State<HttpState>,
+    api: Api,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResponse {
+    match body.map_err(Refusal::body).and_then(|b| parse_json(&b)) {
+        Ok(request) => plain(&s, api, &request).await,
+        Err(refusal) => s.refuse(api, refusal),
+    }
+}
+
+type DomainPath = Result<Path<String>, PathRejection>;
+type PairsQuery = Result<Query<Vec<(String, String)>>, QueryRejection>;
+
+async fn check_query(s: State<HttpState>, domain: DomainPath, query: PairsQuery) -> HttpResponse {
+    query_plain(s, Api::Check, domain, query).await
+}
+
+async fn peek_query(s: State<HttpState>, domain: DomainPath, query: PairsQuery) -> HttpResponse {
+    query_plain(s, Api::Peek, domain, query).await
+}
+
+async fn query_plain(
+    State(s): State<HttpState>,
+    api: Api,
+    domain: DomainPath,
+    query: PairsQuery,
+) -> HttpResponse {
+    match request_from_query(domain, query) {
+        Ok(request) => plain(&s, api, &request).await,
+        Err(refusal) => s.refuse(api, refusal),
+    }
+}
+
+/// The plain check's request: the domain from the path, one descriptor from the query.
+fn request_from_query(domain: DomainPath, query: PairsQuery) -> Result<Request, Refusal> {
+    let Path(domain) = domain.map_err(|e| Refusal::bad(e.body_text()))?;
+    let Query(pairs) = query.map_err(|e| Refusal::bad(e.body_text()))?;
+    let mut hits_addend = 1;
+    let mut entries = Vec::with_capacity(pairs.len());
+    for (key, value) in pairs {
+        if key == HITS_PARAM {
+            hits_addend = value.parse().map_err(|_| {
+                Refusal::bad(format!(
+                    "{HITS_PARAM} must be a whole number below 2^32, not {value:?}"
+                ))
+            })?;
+        } else {
+            entries.push((key, value));
+        }
+    }
+    if entries.is_empty() {
+        return Err(Refusal::bad(
+            "no descriptor entries: give them as query parameters, \
+             /v1/check/DOMAIN?key=value&key2=value2",
+        ));
+    }
+    Ok(Request {
+        domain,
+        descriptors: vec![Descriptor::new(entries)],
+        hits_addend,
+    })
+}
+
+/// Decides for the plain check and answers with the rate limit headers.
+async fn plain(s: &HttpState, api: Api, request: &Request) -> HttpResponse {
+    let response = match s.decide(api, request).await {
+        Ok(r) => r,
+        Err(e) => return Refusal::bad(e.to_string()).into_response(),
+    };
+    let mut answer = (status_of(&response), response_json(&response)).into_response();
+    let headers = answer.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+    for (name, value) in rate_limit_headers(&response) {
+        headers.insert(name, value);
+    }
+    answer
+}
+
+async fn metrics(State(s): State<HttpState>) -> HttpResponse {
+    match s.metrics.encode() {
+        Ok(text) => ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, TEXT)],
+            "cannot encode metrics\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn healthz() -> HttpResponse {
+    ([(header::CONTENT_TYPE, TEXT)], "ok\n").into_response()
+}
+
+async fn readyz(State(s): State<HttpState>) -> HttpResponse {
+    match s.readiness() {
+        Ok(()) => ([(header::CONTENT_TYPE, TEXT)], "ready\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, TEXT)],
+            format!("{why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn cluster(State(s): State<HttpState>) -> HttpResponse {
+    match serde_json::to_vec(&s.cluster_status()) {
+        Ok(body) => ([(header::CONTENT_TYPE, JSON)], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, TEXT)],
+            format!("cannot encode the cluster status: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn not_found() -> HttpResponse {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, TEXT)],
+        "no such endpoint: POST /json, /v1/check/{domain}?key=value, /v1/peek/{domain}?key=value, \
+         /metrics, /healthz, /readyz, /v1/cluster\n",
+    )
+        .into_response()
+}
+
+/// A request refused before the engine: status and a one-line reason.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn bad(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    fn body(e: BytesRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!("request body larger than {MAX_BODY} bytes"),
+            }
+        } else {
+            Self {
+                status: e.status(),
+                message: e.body_text(),
+            }
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> HttpResponse {
+        let mut message = self.message;
+        message.push('\n');
+        (self.status, [(header::CONTENT_TYPE, TEXT)], message).into_response()
+    }
+}
+
+fn status_of(response: &Response) -> StatusCode {
+    match response.overall_code {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The rate limit headers
+
+/// `RateLimit-Limit`, `-Remaining`, `-Reset`, `-Policy` and, when over the limit,
+/// `Retry-After`, for `response` (see the module documentation for which descriptor).
+#[must_use]
+pub fn rate_limit_headers(response: &Response) -> Vec<(HeaderName, HeaderValue)> {
+    let limited = response
+        .statuses
+        .iter()
+        .filter_map(|s| Some((s, s.current_limit?)));
+    let chosen = match response.overall_code {
+        Code::OverLimit => limited
+            .filter(|(s, _)| s.code == Code::OverLimit)
+            .max_by_key(|(s, _)| s.duration_until_reset.unwrap_or(0)),
+        Code::Ok => limited.min_by_key(|(s, _)| {
+            (
+                s.limit_remaining,
+                std::cmp::Reverse(s.duration_until_reset.unwrap_or(0)),
+            )
+        }),
+    };
+    let Some((status, limit)) = chosen else {
+        return Vec::new();
+    };
+    let reset = status.duration_until_reset.unwrap_or(0).div_ceil(NS_PER_S);
+    let mut headers = vec![
+        (
+            HeaderName::from_static("ratelimit-limit"),
+            HeaderValue::from(limit.requests_per_unit),
+        ),
+        (
+            HeaderName::from_static("ratelimit-remaining"),
+            HeaderValue::from(status.limit_remaining),
+        ),
+        (
+            HeaderName::from_static("ratelimit-reset"),
+            HeaderValue::from(reset),
+        ),
+    ];
+    if let Ok(policy) = HeaderValue::try_from(format!(
+        "{};w={}",
+        limit.requests_per_unit,
+        limit.unit.seconds()
+    )) {
+        headers.push((HeaderName::from_static("ratelimit-policy"), policy));
+    }
+    if response.overall_code == Code::OverLimit {
+        // At least a second: a client told to retry after 0 would spin.
+        headers.push((header::RETRY_AFTER, HeaderValue::from(reset.max(1))));
+    }
+    headers
+}
+
+// ---------------------------------------------------------------------------------------
+// protojson: RateLimitRequest in, RateLimitResponse out
+
+/// The engine's request for the protojson form of a `RateLimitRequest` (see the module
+/// documentation for what is accepted).
+///
+/// # Errors
+/// A one-line reason: malformed JSON, a field of the wrong type, an unknown field, negative
+/// hits or an unknown override unit. (An empty domain or descriptor list is the engine's to
+/// refuse.)
+pub fn request_from_json(body: &[u8]) -> Result<Request, String> {
+    let request: JsonRequest = serde_json::from_slice(body)
+        .map_err(|e| format!("malformed RateLimitRequest JSON: {e}"))?;
+    crate::grpc::request_from_proto(request.into_proto())
+        .map_err(|status| status.message().to_owned())
+}
+
+fn parse_json(body: &[u8]) -> Result<Request, Refusal> {
+    request_from_json(body).map_err(Refusal::bad)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    domain: Option<String>,
+    descriptors: Option<Vec<JsonDescriptor>>,
+    #[serde(alias = "hitsAddend")]
+    hits_addend: Option<ProtoInt<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    entries: Option<Vec<JsonEntry>>,
+    limit: Option<JsonOverride>,
+    #[serde(alias = "hitsAddend")]
+    hits_addend: Option<ProtoInt<u64>>,
+    #[serde(alias = "isNegativeHits")]
+    is_negative_hits: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: Option<String>,
+    value: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(alias = "requestsPerUnit")]
+    requests_per_unit: Option<ProtoInt<u32>>,
+    unit: Option<ProtoEnum>,
+}
+
+impl JsonRequest {
+    fn into_proto(self) -> rls::RateLimitRequest {
+        rls::RateLimitRequest {
+            domain: self.domain.unwrap_or_default(),
+            descriptors: self
+                .descriptors
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|e| rate_limit_descriptor::Entry {
+                            key: e.key.unwrap_or_default(),
+                            value: e.value.unwrap_or_default(),
+                        })
+                        .collect(),
+                    limit: d.limit.map(|o| rate_limit_descriptor::RateLimitOverride {
+                        requests_per_unit: o.requests_per_unit.map_or(0, |n| n.0),
+                        unit: o.unit.map_or(0, |u| u.0),
+                    }),
+                    hits_addend: d.hits_addend.map(|h| UInt64Value { value: h.0 }),
+                    is_negative_hits: d.is_negative_hits.unwrap_or(false),
+                })
+                .collect(),
+            hits_addend: self.hits_addend.map_or(0, |h| h.0),
+        }
+    }
+}
+
+/// A protojson integer: a JSON number (integral) or a string of digits.
+struct ProtoInt<T>(T);
+
+impl<'de, T: TryFrom<u64>> Deserialize<'de> for ProtoInt<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<T: TryFrom<u64>> Visitor<'_> for V<T> {
+            type Value = ProtoInt<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative whole number (a JSON number or a string of digits)")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                T::try_from(v)
+                    .map(ProtoInt)
+                    .map_err(|_| E::custom(format!("{v} is out of range")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                let v = u64::try_from(v).map_err(|_| E::custom(format!("{v} is negative")))?;
+                self.visit_u64(v)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                // protojson accepts `5.0` and `1e3` for integers. In range and whole, so the
+                // cast is exact.
+                if v.is_finite()
+                    && v.fract() == 0.0
+                    && (0.0..18_446_744_073_709_551_616.0).contains(&v)
+                {
+                    return self.visit_u64(v as u64);
+                }
+                Err(E::custom(format!("{v} is not a non-negative whole number")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                let n = v
+                    .parse::<u64>()
+                    .map_err(|_| E::custom(format!("{v:?} is not a whole number")))?;
+                self.visit_u64(n)
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// A protojson enum value of `RateLimitResponse.RateLimit.Unit`: its name or its number.
+struct ProtoEnum(i32);
+
+impl<'de> Deserialize<'de> for ProtoEnum {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ProtoEnum;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a unit name (SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR) or number")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                i32::try_from(v)
+                    .map(ProtoEnum)
+                    .map_err(|_| E::custom(format!("unit {v} is out of range")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                i32::try_from(v)
+                    .map(ProtoEnum)
+                    .map_err(|_| E::custom(format!("unit {v} is out of range")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                PbUnit::from_str_name(v)
+                    .map(|u| ProtoEnum(u.into()))
+                    .ok_or_else(|| E::custom(format!("unknown unit {v:?}")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse {
+    overall_code: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    statuses: Vec<JsonStatus>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit {
+    #[serde(skip_serializing_if = "is_zero")]
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Second => "SECOND",
+        Unit::Minute => "MINUTE",
+        Unit::Hour => "HOUR",
+        Unit::Day => "DAY",
+        Unit::Week => "WEEK",
+        Unit::Month => "MONTH",
+        Unit::Year => "YEAR",
+    }
+}
+
+/// A protojson `google.protobuf.Duration`: seconds with 0, 3, 6 or 9 fractional digits and
+/// an `s` (`"1s"`, `"0.250s"`, `"1.000000001s"`), as Go's `protojson` writes it.
+#[must_use]
+pub fn proto_duration(ns: Nanos) -> String {
+    let (secs, frac) = (ns / NS_PER_S, ns % NS_PER_S);
+    if frac == 0 {
+        format!("{secs}s")
+    } else if frac % 1_000_000 == 0 {
+        format!("{secs}.{:03}s", frac / 1_000_000)
+    } else if frac % 1_000 == 0 {
+        format!("{secs}.{:06}s", frac / 1_000)
+    } else {
+        format!("{secs}.{frac:09}s")
+    }
+}
+
+fn status_json(s: &DescriptorStatus) -> JsonStatus {
+    JsonStatus {
+        code: code_name(s.code),
+        current_limit: s.current_limit.map(|l| JsonLimit {
+            requests_per_unit: l.requests_per_unit,
+            unit: unit_name(l.unit),
+        }),
+        limit_remaining: s.limit_remaining,
+        duration_until_reset: s.duration_until_reset.map(proto_duration),
+    }
+}
+
+/// The protojson form of `response` (`RateLimitResponse`), as `/json` answers it.
+#[must_use]
+pub fn response_json(response: &Response) -> String {
+    let json = JsonResponse {
+        overall_code: code_name(response.overall_code),
+        statuses: response.statuses.iter().map(status_json).collect(),
+    };
+    // Plain structs of strings and integers: serialising cannot fail.
+    serde_json::to_string(&json).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::RateLimit;
+    use crate::engine::Entry;
+    use proptest::prelude::*;
+
+    #[test]
+    fn durations_are_written_as_protojson_does() {
+        assert_eq!(proto_duration(0), "0s");
+        assert_eq!(proto_duration(NS_PER_S), "1s");
+        assert_eq!(proto_duration(750_000_000), "0.750s");
+        assert_eq!(proto_duration(1_500_000), "0.001500s");
+        assert_eq!(proto_duration(86_400 * NS_PER_S + 1), "86400.000000001s");
+    }
+
+    #[test]
+    fn both_field_spellings_and_both_integer_forms_are_read() {
+        let a = request_from_json(
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],
+                "hits_addend":"3","limit":{"requests_per_unit":5,"unit":"MINUTE"}}],"hitsAddend":2}"#,
+        )
+        .unwrap();
+        let b = request_from_json(
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],
+                "hitsAddend":3,"limit":{"requestsPerUnit":"5","unit":2}}],"hits_addend":2.0}"#,
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.hits_addend, 2);
+        assert_eq!(a.descriptors[0].hits_addend, Some(3));
+        assert_eq!(
+            a.descriptors[0].limit,
+            Some(RateLimit {
+                requests_per_unit: 5,
+                unit: Unit::Minute
+            })
+        );
+        assert_eq!(
+            a.descriptors[0].entries,
+            vec![Entry {
+                key: "k".into(),
+                value: "v".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        for (body, needle) in [
+            (&br#"{"domain": "d", "descriptors": [}"#[..], "malformed"),
+            (br#"{"domain": "d", "descriptor": []}"#, "unknown field"),
+            (br#"{"domain": 5}"#, "malformed"),
+            (br#"{"domain":"d","hits_addend":-1}"#, "negative"),
+            (
+                br#"{"domain":"d","hits_addend":4294967296}"#,
+                "out of range",
+            ),
+            (
+                br#"{"domain":"d","hits_addend":1,"hitsAddend":1}"#,
+                "duplicate",
+            ),
+            (
+                br#"{"domain":"d","descriptors":[{"entries":[],"is_negative_hits":true}]}"#,
+                "negative hits",
+            ),
+            (
+                br#"{"domain":"d","descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#,
+                "unknown unit",
+            ),
+            (
+                br#"{"domain":"d","descriptors":[{"limit":{"unit":0}}]}"#,
+                "unknown unit",
+            ),
+        ] {
+            let e = request_from_json(body).unwrap_err();
+            assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+        }
+    }
+
+    #[test]
+    fn zero_values_are_left_out_like_protojson() {
+        let r = Response {
+            overall_code: Code::OverLimit,
+            statuses: vec![
+                DescriptorStatus {
+                    code: Code::OverLimit,
+                    current_limit: Some(RateLimit {
+                        requests_per_unit: 0,
+                        unit: Unit::Second,
+                    }),
+                    limit_remaining: 0,
+                    duration_until_reset: Some(250_000_000),
+                },
+                DescriptorStatus {
+                    code: Code::Ok,
+                    current_limit: None,
+                    limit_remaining: 0,
+                    duration_until_reset: None,
+                },
+            ],
+        };
+        assert_eq!(
+            response_json(&r),
+            r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"unit":"SECOND"},"durationUntilReset":"0.250s"},{"code":"OK"}]}"#
+        );
+    }
+
+    fn status(code: Code, per_unit: u32, remaining: u32, reset_ms: u64) -> DescriptorStatus {
+        DescriptorStatus {
+            code,
+            current_limit: Some(RateLimit {
+                requests_per_unit: per_unit,
+                unit: Unit::Minute,
+            }),
+            limit_remaining: remaining,
+            duration_until_reset: Some(reset_ms * 1_000_000),
+        }
+    }
+
+    fn header_map(r: &Response) -> Vec<(String, String)> {
+        rate_limit_headers(r)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn headers_describe_the_descriptor_closest_to_its_limit() {
+        let ok = Response {
+            overall_code: Code::Ok,
+            statuses: vec![
+                status(Code::Ok, 100, 40, 30_000),
+                status(Code::Ok, 10, 3, 1_200),
+                no_limit(),
+            ],
+        };
+        assert_eq!(
+            header_map(&ok),
+            [
+                ("ratelimit-limit", "10"),
+                ("ratelimit-remaining", "3"),
+                ("ratelimit-reset", "2"),
+                ("ratelimit-policy", "10;w=60"),
+            ]
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        );
+        let over = Response {
+            overall_code: Code::OverLimit,
+            statuses: vec![
+                status(Code::OverLimit, 100, 0, 30_000),
+                status(Code::Ok, 10, 0, 1_200),
+                status(Code::OverLimit, 5, 0, 59_001),
+            ],
+        };
+        let h = header_map(&over);
+        assert!(h.contains(&("ratelimit-limit".into(), "5".into())));
+        assert!(h.contains(&("retry-after".into(), "60".into())));
+        let none = Response {
+            overall_code: Code::Ok,
+            statuses: vec![no_limit()],
+        };
+        assert!(header_map(&none).is_empty());
+    }
+
+    fn no_limit() -> DescriptorStatus {
+        DescriptorStatus {
+            code: Code::Ok,
+            current_limit: None,
+            limit_remaining: 0,
+            duration_until_reset: None,
+        }
+    }
+
+    proptest! {
+        /// Whatever the bytes, parsing answers (Ok or a reason) and never panics.
+        #[test]
+        fn parsing_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = request_from_json(&body);
+        }
+
+        /// A request written in protojson (either spelling) reads back as itself.
+        #[test]
+        fn requests_round_trip(
+            domain in "[a-z_]{1,8}",
+            descriptors in proptest::collection::vec(
+                (proptest::collection::vec(("[a-z_\"\\\\]{1,6}", "[ -~]{0,6}"), 0..4),
+                 proptest::option::of(0u64..1_000_000)),
+                1..4),
+            hits in 0u32..1000,
+            camel in any::<bool>(),
+        ) {
+            let (hits_name, dhits_name) = if camel { ("hitsAddend", "hitsAddend") } else { ("hits_addend", "hits_addend") };
+            let mut json = serde_json::json!({
+                "domain": domain,
+                "descriptors": descriptors.iter().map(|(entries, h)| {
+                    let mut d = serde_json::json!({
+                        "entries": entries.iter().map(|(k, v)| serde_json::json!({"key": k, "value": v})).collect::<Vec<_>>(),
+                    });
+                    if let Some(h) = h {
+                        d[dhits_name] = serde_json::json!(h.to_string());
+                    }
+                    d
+                }).collect::<Vec<_>>(),
+            });
+            json[hits_name] = serde_json::json!(hits);
+            let parsed = request_from_json(json.to_string().as_bytes()).unwrap();
+            let expected = Request {
+                domain: domain.clone(),
+                hits_addend: hits,
+                descriptors: descriptors.iter().map(|(entries, h)| Descriptor {
+                    entries: entries.iter().map(|(k, v)| Entry { key: k.clone(), value: v.clone() }).collect(),
+                    hits_addend: *h,
+                    limit: None,
+                }).collect(),
+            };
+            prop_assert_eq!(parsed, expected);
+        }
+    }
+}

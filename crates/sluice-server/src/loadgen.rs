@@ -1,0 +1,1224 @@
+//! The load generator behind `sluice bench` (and the load of `sluice demo`): `ShouldRateLimit`
+//! calls against one or more rate limit services, over gRPC (Envoy RLS v3, Envoy's own
+//! generated client) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
+//! 200 is OK, 429 is OVER_LIMIT), for a fixed duration or number of requests, with latency
+//! percentiles from an HDR histogram.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use sluice_server::loadgen::{self, LoadSpec, Stop, Target};
+//!
+//! # async fn example() -> Result<(), loadgen::LoadError> {
+//! let target = Target::Grpc(vec!["127.0.0.1:8081".to_owned()]);
+//! let mut spec = LoadSpec::new("example", vec![vec![("remote_address".into(), "10.0.0.{i}".into())]]);
+//! spec.keys = 200; // `{i}` takes the values 0..200, round robin
+//! spec.stop = Stop::Duration(Duration::from_secs(10));
+//! let report = loadgen::run(&target, &spec, |p| eprintln!("{} sent", p.sent)).await?;
+//! println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+//! # Ok(()) }
+//! ```
+//!
+//! # What is measured
+//!
+//! - **Closed loop** (no `rate`): `concurrency` workers, each sends its next request as soon
+//!   as the previous one is answered. This finds the throughput; its latencies are service
+//!   times under `concurrency` requests in flight and suffer from *coordinated omission*
+//!   (a stalled server also stops the clients that would have measured the stall).
+//! - **Open loop** (`rate` R): request `n` is due at `start + n / R`, whatever happened
+//!   before, and its latency is measured **from that intended time**, as wrk2 does: a stall
+//!   shows up in the latency of every request that should have been sent during it. At most
+//!   `concurrency` requests are in flight; if the service cannot keep up, requests fall
+//!   behind schedule and their queueing shows in the latency. The schedule is kept with
+//!   tokio's timer (1 ms resolution), so the latency from the intended time includes up to
+//!   about 1 ms of timer slack; [`Report::service_time_us`] (from the actual send) does not.
+//!
+//! Latencies are those of answered calls (OK and OVER_LIMIT); errors (transport failures,
+//! error statuses, timeouts) are counted by reason. Every request sent ends as exactly one
+//! of OK, OVER_LIMIT or error: `ok + over_limit + errors == sent`.
+//!
+//! Request `n` (from 0) uses the key index `i = n mod keys` in its descriptor template and
+//! goes to address `n mod addresses` (round robin). Connections are opened before the clock
+//! starts, so an unreachable address is an error before any load, never a count of errors.
+//!
+//! The comparison of issue 4 — the same load against a Sluice cluster and against a node
+//! that asks Redis on every request, the storage-based throttling of seed 002 §4.3 that
+//! envoyproxy/ratelimit uses — is [`compare`] of two reports.
+//!
+//! This is a driver around the network, not a decision core: it reads the monotonic clock
+//! (tokio's, so paused-time tests work) and needs a tokio runtime with the timer and I/O
+//! drivers enabled.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry as PbEntry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+/// The placeholder replaced by the key index in descriptor keys and values.
+pub const KEY_PLACEHOLDER: &str = "{i}";
+
+/// At most this many distinct error reasons are kept; further ones are counted as "other".
+const MAX_ERROR_REASONS: usize = 16;
+
+/// Where the load goes. Several addresses are used round robin, request by request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Envoy RLS v3 gRPC services: `host:port` or `http://host:port` (no TLS).
+    Grpc(Vec<String>),
+    /// HTTP services taking `POST {base}/json`: base URLs `http://host:port[/prefix]`
+    /// (`host:port` alone means `http://`; no TLS).
+    Http(Vec<String>),
+}
+
+impl Target {
+    /// `"grpc"` or `"http"`.
+    #[must_use]
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            Self::Grpc(_) => "grpc",
+            Self::Http(_) => "http",
+        }
+    }
+
+    /// The addresses, as given.
+    #[must_use]
+    pub fn addresses(&self) -> &[String] {
+        match self {
+            Self::Grpc(a) | Self::Http(a) => a,
+        }
+    }
+}
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Send for this long (requests in flight at the end still complete and count).
+    Duration(Duration),
+    /// Send exactly this many requests.
+    Requests(u64),
+}
+
+/// What load to send. Build with [`LoadSpec::new`] and adjust the public fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadSpec {
+    /// The rate limit domain of every request.
+    pub domain: String,
+    /// The descriptors of every request, each a list of `(key, value)` entries; `{i}` in a
+    /// key or value is replaced by the key index `n mod keys` of request `n`.
+    pub descriptors: Vec<Vec<(String, String)>>,
+    /// How many distinct key indices `{i}` takes (≥ 1).
+    pub keys: u64,
+    /// Requests in flight at most (closed loop: exactly) (≥ 1).
+    pub concurrency: usize,
+    /// gRPC connections per address, shared by the workers (HTTP/2 multiplexes them);
+    /// `None`: one per worker. HTTP/1.1 always uses one connection per worker and address.
+    pub connections: Option<usize>,
+    /// When to stop.
+    pub stop: Stop,
+    /// Open loop at this many requests per second; `None`: closed loop.
+    pub rate: Option<f64>,
+    /// A call (or a connection attempt) not answered within this is an error.
+    pub timeout: Duration,
+    /// How often the progress callback of [`run`] is called.
+    pub progress_every: Duration,
+}
+
+impl LoadSpec {
+    /// A closed-loop load of 10 s with 32 workers on one key.
+    #[must_use]
+    pub fn new(domain: impl Into<String>, descriptors: Vec<Vec<(String, String)>>) -> Self {
+        Self {
+            domain: domain.into(),
+            descriptors,
+            keys: 1,
+            concurrency: 32,
+            connections: None,
+            stop: Stop::Duration(Duration::from_secs(10)),
+            rate: None,
+            timeout: Duration::from_secs(5),
+            progress_every: Duration::from_secs(1),
+        }
+    }
+
+    /// Closed or open loop.
+    #[must_use]
+    pub fn mode(&self) -> Mode {
+        if self.rate.is_some() {
+            Mode::OpenLoop
+        } else {
+            Mode::ClosedLoop
+        }
+    }
+
+    fn validate(&self) -> Result<(), LoadError> {
+        let bad = |s: &str| Err(LoadError::InvalidSpec(s.to_owned()));
+        if self.domain.is_empty() {
+            return bad("the domain must not be empty (the service refuses such requests)");
+        }
+        if self.descriptors.is_empty() {
+            return bad("at least one descriptor is needed (the service refuses none)");
+        }
+        if self.descriptors.iter().any(Vec::is_empty) {
+            return bad("every descriptor needs at least one key=value entry");
+        }
+        if self.descriptors.iter().flatten().any(|(k, _)| k.is_empty()) {
+            return bad("descriptor keys must not be empty");
+        }
+        if self.keys == 0 {
+            return bad("keys must be at least 1");
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency must be at least 1");
+        }
+        if self.connections == Some(0) {
+            return bad("connections must be at least 1");
+        }
+        match self.stop {
+            Stop::Duration(d) if d.is_zero() => return bad("the duration must be positive"),
+            Stop::Requests(0) => return bad("the number of requests must be at least 1"),
+            _ => {}
+        }
+        if let Some(r) = self.rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            return bad("the rate must be a positive number of requests per second");
+        }
+        if self.timeout.is_zero() {
+            return bad("the timeout must be positive");
+        }
+        if self.progress_every.is_zero() {
+            return bad("the progress interval must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Closed loop (throughput) or open loop (a fixed schedule, latency without coordinated
+/// omission); see the [module documentation](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Each worker sends when its previous request is answered.
+    ClosedLoop,
+    /// Requests are due on a fixed schedule; latency counts from the due time.
+    OpenLoop,
+}
+
+/// Counters so far, given to the progress callback of [`run`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Since the load started.
+    pub elapsed: Duration,
+    /// Requests sent so far (including those in flight).
+    pub sent: u64,
+    /// Answered OK.
+    pub ok: u64,
+    /// Answered OVER_LIMIT.
+    pub over_limit: u64,
+    /// Failed.
+    pub errors: u64,
+    /// Completed calls per second since the previous progress report.
+    pub interval_throughput: f64,
+}
+
+/// Latency percentiles in microseconds (HDR histogram, 3 significant digits).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Calls measured.
+    pub count: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p99_9: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        #[allow(clippy::cast_precision_loss)] // nanoseconds well below 2^53
+        let us = |ns: u64| ns as f64 / 1_000.0;
+        Some(Self {
+            count: h.len(),
+            mean: h.mean() / 1_000.0,
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p99_9: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        })
+    }
+}
+
+/// The result of a run; serialises to JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// `"grpc"` or `"http"`.
+    pub protocol: String,
+    /// The addresses, as given.
+    pub addresses: Vec<String>,
+    /// Closed or open loop.
+    pub mode: Mode,
+    /// Requests in flight at most.
+    pub concurrency: usize,
+    /// Connections per address.
+    pub connections: usize,
+    /// Open-loop schedule, requests per second.
+    pub target_rate: Option<f64>,
+    /// Distinct key indices.
+    pub keys: u64,
+    /// Seconds from the first send until every worker stopped (the last answer).
+    pub elapsed_s: f64,
+    /// Requests sent; `ok + over_limit + errors`.
+    pub sent: u64,
+    /// Answered OK.
+    pub ok: u64,
+    /// Answered OVER_LIMIT.
+    pub over_limit: u64,
+    /// Failed (see `errors_by_reason`).
+    pub errors: u64,
+    /// Completed calls per second over `elapsed_s`.
+    pub throughput: f64,
+    /// Latency of answered calls; in open loop from the time each was due.
+    pub latency_us: Option<Latency>,
+    /// Latency of answered calls from the actual send (the same as `latency_us` in closed
+    /// loop).
+    pub service_time_us: Option<Latency>,
+    /// Errors counted by reason (at most 16 reasons, then `"other"`).
+    pub errors_by_reason: BTreeMap<String, u64>,
+}
+
+/// One report against another: every ratio is `subject ÷ baseline`, so a throughput ratio
+/// above 1 and latency ratios below 1 favour the subject. `None` where the baseline's
+/// figure is zero or missing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Throughput.
+    pub throughput: Option<f64>,
+    /// Median latency.
+    pub p50: Option<f64>,
+    /// 90th percentile latency.
+    pub p90: Option<f64>,
+    /// 99th percentile latency.
+    pub p99: Option<f64>,
+    /// 99.9th percentile latency.
+    pub p99_9: Option<f64>,
+    /// Largest latency.
+    pub max: Option<f64>,
+}
+
+/// The ratios of `subject` to `baseline` (issue 4's side-by-side comparison: a Sluice
+/// cluster against a node asking Redis on every request, seed 002 §4.3).
+#[must_use]
+pub fn compare(subject: &Report, baseline: &Report) -> Comparison {
+    fn ratio(a: f64, b: f64) -> Option<f64> {
+        (b > 0.0 && a.is_finite() && b.is_finite()).then(|| a / b)
+    }
+    let lat = |f: fn(&Latency) -> f64| match (&subject.latency_us, &baseline.latency_us) {
+        (Some(s), Some(b)) => ratio(f(s), f(b)),
+        _ => None,
+    };
+    Comparison {
+        throughput: ratio(subject.throughput, baseline.throughput),
+        p50: lat(|l| l.p50),
+        p90: lat(|l| l.p90),
+        p99: lat(|l| l.p99),
+        p99_9: lat(|l| l.p99_9),
+        max: lat(|l| l.max),
+    }
+}
+
+/// Why a run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The load specification cannot be sent.
+    #[error("invalid load: {0}")]
+    InvalidSpec(String),
+    /// No addresses, or one that is not a usable address.
+    #[error("bad address {address:?}: {reason}")]
+    BadAddress {
+        /// As given.
+        address: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An address did not accept a connection within the timeout.
+    #[error("cannot connect to {address}: {reason}")]
+    Unreachable {
+        /// As given.
+        address: String,
+        /// The connection error.
+        reason: String,
+    },
+    /// A worker task stopped abnormally (a bug).
+    #[error("a load worker failed: {0}")]
+    Worker(String),
+}
+
+/// Sends the load of `spec` to `target` and reports; calls `progress` every
+/// `spec.progress_every` while it runs. Must run inside a tokio runtime (timer and I/O
+/// enabled); the workers are spawned on it, so a multi-threaded runtime uses every thread.
+///
+/// # Errors
+/// [`LoadError`] for an invalid spec or address, or an address that cannot be reached
+/// before the load starts. Failures during the load are counted in the report instead.
+pub async fn run<F: FnMut(&Progress) + Send>(
+    target: &Target,
+    spec: &LoadSpec,
+    mut progress: F,
+) -> Result<Report, LoadError> {
+    spec.validate()?;
+    let addresses = target.addresses();
+    if addresses.is_empty() {
+        return Err(LoadError::BadAddress {
+            address: String::new(),
+            reason: "no address given".to_owned(),
+        });
+    }
+    let requests = Arc::new(Requests::new(spec));
+    let (conns, connections) = connect_all(target, spec).await?;
+
+    let shared = Arc::new(Shared {
+        next: AtomicU64::new(0),
+        sent: AtomicU64::new(0),
+        ok: AtomicU64::new(0),
+        over_limit: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        reasons: Mutex::new(BTreeMap::new()),
+    });
+    let start = Instant::now();
+    let plan = Plan {
+        stop: spec.stop,
+        rate: spec.rate,
+        timeout: spec.timeout,
+        start,
+    };
+    let empty = new_histogram()?;
+    let mut workers = JoinSet::new();
+    for conn in conns {
+        workers.spawn(worker(
+            conn,
+            Arc::clone(&requests),
+            Arc::clone(&shared),
+            plan,
+            empty.clone(),
+        ));
+    }
+
+    let mut hist = empty.clone();
+    let mut service = empty;
+    let mut ticker = tokio::time::interval_at(start + spec.progress_every, spec.progress_every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let (mut last_tick, mut last_done) = (start, 0u64);
+    loop {
+        tokio::select! {
+            joined = workers.join_next() => match joined {
+                None => break,
+                Some(Ok(done)) => {
+                    // Both are auto-resizing, so adding cannot run out of range.
+                    hist.add(&done.latency).map_err(|e| LoadError::Worker(e.to_string()))?;
+                    service.add(&done.service).map_err(|e| LoadError::Worker(e.to_string()))?;
+                }
+                Some(Err(e)) => return Err(LoadError::Worker(e.to_string())),
+            },
+            now = ticker.tick() => {
+                let p = shared.progress(now - start);
+                let done = p.ok + p.over_limit + p.errors;
+                let dt = (now - last_tick).as_secs_f64();
+                #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+                let interval_throughput = if dt > 0.0 { (done - last_done) as f64 / dt } else { 0.0 };
+                (last_tick, last_done) = (now, done);
+                progress(&Progress { interval_throughput, ..p });
+            }
+        }
+    }
+
+    // Until the last worker stopped: in a duration-bound run, at least the duration.
+    let p = shared.progress(start.elapsed());
+    let elapsed_s = p.elapsed.as_secs_f64();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+    let throughput = if elapsed_s > 0.0 {
+        (p.ok + p.over_limit + p.errors) as f64 / elapsed_s
+    } else {
+        0.0
+    };
+    Ok(Report {
+        protocol: target.protocol().to_owned(),
+        addresses: addresses.to_vec(),
+        mode: spec.mode(),
+        concurrency: spec.concurrency,
+        connections,
+        target_rate: spec.rate,
+        keys: spec.keys,
+        elapsed_s,
+        sent: p.sent,
+        ok: p.ok,
+        over_limit: p.over_limit,
+        errors: p.errors,
+        throughput,
+        latency_us: Latency::of(&hist),
+        service_time_us: Latency::of(&service),
+        errors_by_reason: shared.reasons.lock().clone(),
+    })
+}
+
+fn new_histogram() -> Result<Histogram<u64>, LoadError> {
+    // Nanoseconds, 3 significant digits, growing to whatever is recorded.
+    Histogram::new(3).map_err(|e| LoadError::Worker(e.to_string()))
+}
+
+/// Counters shared by the workers and the progress reports.
+#[derive(Debug)]
+struct Shared {
+    /// The index of the next request to claim.
+    next: AtomicU64,
+    sent: AtomicU64,
+    ok: AtomicU64,
+    over_limit: AtomicU64,
+    errors: AtomicU64,
+    reasons: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Shared {
+    fn progress(&self, elapsed: Duration) -> Progress {
+        // Read the outcomes before `sent`, so that a snapshot never shows more outcomes
+        // than requests sent.
+        let ok = self.ok.load(Ordering::Acquire);
+        let over_limit = self.over_limit.load(Ordering::Acquire);
+        let errors = self.errors.load(Ordering::Acquire);
+        Progress {
+            elapsed,
+            sent: self.sent.load(Ordering::Acquire),
+            ok,
+            over_limit,
+            errors,
+            interval_throughput: 0.0,
+        }
+    }
+
+    fn error(&self, reason: String) {
+        self.errors.fetch_add(1, Ordering::AcqRel);
+        let mut reasons = self.reasons.lock();
+        let key = if reasons.len() < MAX_ERROR_REASONS || reasons.contains_key(&reason) {
+            reason
+        } else {
+            "other".to_owned()
+        };
+        *reasons.entry(key).or_insert(0) += 1;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    stop: Stop,
+    rate: Option<f64>,
+    timeout: Duration,
+    start: Instant,
+}
+
+impl Plan {
+    /// When request `n` is due: now in closed loop, on the schedule in open loop; `None`
+    /// once the load is over.
+    fn due(&self, n: u64) -> Option<Option<Instant>> {
+        match self.stop {
+            Stop::Requests(total) if n >= total => return None,
+            Stop::Duration(d) if self.rate.is_none() && self.start.elapsed() >= d => return None,
+            _ => {}
+        }
+        let Some(rate) = self.rate else {
+            return Some(None);
+        };
+        #[allow(clippy::cast_precision_loss)] // request indices far below 2^53
+        let offset = Duration::try_from_secs_f64(n as f64 / rate).ok()?;
+        match self.stop {
+            Stop::Duration(d) if offset >= d => None,
+            _ => Some(Some(self.start + offset)),
+        }
+    }
+}
+
+struct Done {
+    latency: Histogram<u64>,
+    service: Histogram<u64>,
+}
+
+enum Outcome {
+    Ok,
+    OverLimit,
+    Error(String),
+}
+
+async fn worker(
+    mut conn: Conn,
+    requests: Arc<Requests>,
+    shared: Arc<Shared>,
+    plan: Plan,
+    empty: Histogram<u64>,
+) -> Done {
+    let mut latency = empty.clone();
+    let mut service = empty;
+    let mut body = String::new();
+    loop {
+        let n = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(due) = plan.due(n) else { break };
+        if let Some(due) = due {
+            tokio::time::sleep_until(due).await;
+        }
+        let sent_at = Instant::now();
+        shared.sent.fetch_add(1, Ordering::AcqRel);
+        let outcome =
+            match tokio::time::timeout(plan.timeout, conn.call(&requests, n, &mut body)).await {
+                Ok(o) => o,
+                Err(_) => {
+                    conn.after_timeout(n);
+                    Outcome::Error(format!("no answer within {:?}", plan.timeout))
+                }
+            };
+        let end = Instant::now();
+        match outcome {
+            Outcome::Ok => shared.ok.fetch_add(1, Ordering::AcqRel),
+            Outcome::OverLimit => shared.over_limit.fetch_add(1, Ordering::AcqRel),
+            Outcome::Error(reason) => {
+                shared.error(reason);
+                continue;
+            }
+        };
+        let from_due = end - due.unwrap_or(sent_at);
+        record(&mut latency, from_due);
+        record(&mut service, end - sent_at);
+    }
+    Done { latency, service }
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    // Auto-resizing: fails only past i64::MAX / 2 ns (centuries); clamp then.
+    if h.record(ns).is_err() {
+        h.saturating_record(ns);
+    }
+}
+
+/// The requests, prepared once: request `n` is rendered from these with `n mod keys`.
+#[derive(Debug)]
+struct Requests {
+    keys: u64,
+    domain: String,
+    /// Per descriptor, per entry: key and value templates.
+    descriptors: Vec<Vec<(Template, Template)>>,
+    /// The JSON body up to the descriptors (not a template).
+    json_head: String,
+    /// The rest of the JSON body as a template: `{i}` needs no JSON escaping and JSON
+    /// escapes contain no braces, so every placeholder of a key or value survives
+    /// serialisation unchanged and none appears elsewhere.
+    json_tail: Template,
+}
+
+impl Requests {
+    fn new(spec: &LoadSpec) -> Self {
+        // The domain is not a template: it goes into the fixed head, so that a `{i}` in it
+        // stays as it is (as in the gRPC request).
+        let json_head = format!(
+            "{{\"domain\":{},\"descriptors\":",
+            serde_json::Value::from(spec.domain.as_str())
+        );
+        let descriptors = serde_json::Value::Array(
+            spec.descriptors
+                .iter()
+                .map(|d| {
+                    serde_json::json!({
+                        "entries": d.iter()
+                            .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+                            .collect::<Vec<_>>(),
+                    })
+                })
+                .collect(),
+        );
+        Self {
+            keys: spec.keys,
+            domain: spec.domain.clone(),
+            descriptors: spec
+                .descriptors
+                .iter()
+                .map(|d| {
+                    d.iter()
+                        .map(|(k, v)| (Template::new(k), Template::new(v)))
+                        .collect()
+                })
+                .collect(),
+            json_head,
+            json_tail: Template::new(&format!("{descriptors}}}")),
+        }
+    }
+
+    fn grpc(&self, n: u64) -> RateLimitRequest {
+        let i = n % self.keys;
+        RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors: self
+                .descriptors
+                .iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .iter()
+                        .map(|(k, v)| PbEntry {
+                            key: k.render(i),
+                            value: v.render(i),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    fn json(&self, n: u64, out: &mut String) {
+        out.clear();
+        out.push_str(&self.json_head);
+        self.json_tail.render_into(n % self.keys, out);
+    }
+}
+
+/// A string with `{i}` placeholders, split at them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Template {
+    parts: Vec<String>,
+}
+
+impl Template {
+    fn new(s: &str) -> Self {
+        Self {
+            parts: s.split(KEY_PLACEHOLDER).map(str::to_owned).collect(),
+        }
+    }
+
+    fn render(&self, i: u64) -> String {
+        match self.parts.as_slice() {
+            [only] => only.clone(),
+            _ => {
+                let mut s = String::new();
+                self.render_into(i, &mut s);
+                s
+            }
+        }
+    }
+
+    fn render_into(&self, i: u64, out: &mut String) {
+        for (k, part) in self.parts.iter().enumerate() {
+            if k > 0 {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "{i}");
+            }
+            out.push_str(part);
+        }
+    }
+}
+
+/// One worker's connections: one per address, used round robin by request index.
+enum Conn {
+    Grpc(Vec<RateLimitServiceClient<Channel>>),
+    Http(Vec<HttpConn>),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Grpc(c) => write!(f, "Grpc({} clients)", c.len()),
+            Self::Http(c) => write!(f, "Http({} connections)", c.len()),
+        }
+    }
+}
+
+impl Conn {
+    async fn call(&mut self, requests: &Requests, n: u64, body: &mut String) -> Outcome {
+        match self {
+            Self::Grpc(clients) => {
+                let Some(client) = pick(clients, n) else {
+                    return Outcome::Error("no connection".to_owned());
+                };
+                match client.should_rate_limit(requests.grpc(n)).await {
+                    Ok(r) => match PbCode::try_from(r.get_ref().overall_code) {
+                        Ok(PbCode::Ok) => Outcome::Ok,
+                        Ok(PbCode::OverLimit) => Outcome::OverLimit,
+                        _ => Outcome::Error(format!(
+                            "response code {} (neither OK nor OVER_LIMIT)",
+                            r.get_ref().overall_code
+                        )),
+                    },
+                    Err(status) => {
+                        Outcome::Error(format!("gRPC {:?}: {}", status.code(), status.message()))
+                    }
+                }
+            }
+            Self::Http(conns) => {
+                let Some(conn) = pick(conns, n) else {
+                    return Outcome::Error("no connection".to_owned());
+                };
+                requests.json(n, body);
+                conn.call(Bytes::copy_from_slice(body.as_bytes())).await
+            }
+        }
+    }
+
+    /// A call of request `n` timed out: an HTTP/1.1 connection may still deliver its late
+    /// answer as the answer to the next request, so drop it (HTTP/2 matches answers to
+    /// streams and needs nothing).
+    fn after_timeout(&mut self, n: u64) {
+        if let Self::Http(conns) = self
+            && let Some(c) = pick(conns, n)
+        {
+            c.sender = None;
+        }
+    }
+}
+
+fn pick<T>(v: &mut [T], n: u64) -> Option<&mut T> {
+    let len = u64::try_from(v.len()).ok()?;
+    if len == 0 {
+        return None;
+    }
+    // The remainder is below `len`, which came from a usize.
+    let k = usize::try_from(n % len).ok()?;
+    v.get_mut(k)
+}
+
+/// Opens every connection before the load starts. Returns one [`Conn`] per worker and the
+/// number of connections per address.
+async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usize), LoadError> {
+    match target {
+        Target::Grpc(addresses) => {
+            let endpoints = addresses
+                .iter()
+                .map(|a| grpc_endpoint(a, spec.timeout).map(|e| (a, e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let connections = spec
+                .connections
+                .unwrap_or(spec.concurrency)
+                .min(spec.concurrency);
+            let mut sets = Vec::with_capacity(connections);
+            for _ in 0..connections {
+                let mut set = Vec::with_capacity(endpoints.len());
+                for (address, endpoint) in &endpoints {
+                    let channel = endpoint
+                        .connect()
+                        .await
+                        .map_err(|e| LoadError::Unreachable {
+                            address: (*address).clone(),
+                            reason: error_chain(&e),
+                        })?;
+                    set.push(RateLimitServiceClient::new(channel));
+                }
+                sets.push(set);
+            }
+            let conns = (0..spec.concurrency)
+                .map(|w| Conn::Grpc(sets[w % connections].clone()))
+                .collect();
+            Ok((conns, connections))
+        }
+        Target::Http(addresses) => {
+            let bases = addresses
+                .iter()
+                .map(|a| HttpBase::parse(a).map(|b| (a, b)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut conns = Vec::with_capacity(spec.concurrency);
+            for _ in 0..spec.concurrency {
+                let mut set = Vec::with_capacity(bases.len());
+                for (address, base) in &bases {
+                    let mut c = HttpConn {
+                        base: Arc::clone(base),
+                        sender: None,
+                        timeout: spec.timeout,
+                    };
+                    c.connect().await.map_err(|reason| LoadError::Unreachable {
+                        address: (*address).clone(),
+                        reason,
+                    })?;
+                    set.push(c);
+                }
+                conns.push(Conn::Http(set));
+            }
+            Ok((conns, spec.concurrency))
+        }
+    }
+}
+
+fn grpc_endpoint(address: &str, timeout: Duration) -> Result<Endpoint, LoadError> {
+    let bad = |reason: String| LoadError::BadAddress {
+        address: address.to_owned(),
+        reason,
+    };
+    let uri = if address.contains("://") {
+        if !address.starts_with("http://") {
+            return Err(bad(
+                "only http:// (plaintext HTTP/2) is supported, as `sluice serve` speaks".to_owned(),
+            ));
+        }
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    };
+    let parsed: http::Uri = uri.parse().map_err(|e| bad(format!("{e}")))?;
+    if parsed.port_u16().is_none() {
+        return Err(bad("a port is needed (host:port)".to_owned()));
+    }
+    Ok(Endpoint::from_shared(uri)
+        .map_err(|e| bad(error_chain(&e)))?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true))
+}
+
+/// A parsed HTTP base URL.
+#[derive(Debug)]
+struct HttpBase {
+    /// `host:port`, for connecting and for the `Host` header.
+    authority: String,
+    /// `{prefix}/json`.
+    path: http::Uri,
+}
+
+impl HttpBase {
+    fn parse(address: &str) -> Result<Arc<Self>, LoadError> {
+        let bad = |reason: String| LoadError::BadAddress {
+            address: address.to_owned(),
+            reason,
+        };
+        let url = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let uri: http::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "only http:// is supported (no TLS in the load generator)".to_owned(),
+            ));
+        }
+        let Some(authority) = uri.authority() else {
+            return Err(bad("no host".to_owned()));
+        };
+        if uri.query().is_some() {
+            return Err(bad("a base URL takes no query".to_owned()));
+        }
+        let authority = match authority.port_u16() {
+            Some(_) => authority.as_str().to_owned(),
+            None => format!("{}:80", authority.host()),
+        };
+        let prefix = uri.path().trim_end_matches('/');
+        let path = format!("{prefix}/json")
+            .parse()
+            .map_err(|e| bad(format!("{e}")))?;
+        Ok(Arc::new(Self { authority, path }))
+    }
+}
+
+/// One HTTP/1.1 keep-alive connection, reopened after a failure.
+struct HttpConn {
+    base: Arc<HttpBase>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+    timeout: Duration,
+}
+
+impl HttpConn {
+    async fn connect(&mut self) -> Result<(), String> {
+        let connecting = async {
+            let stream = tokio::net::TcpStream::connect(&self.base.authority)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Tiny requests: don't let Nagle hold them back.
+            stream.set_nodelay(true).map_err(|e| e.to_string())?;
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| error_chain(&e))?;
+            // Drives the connection; ends when the sender is dropped or the peer closes.
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok::<_, String>(sender)
+        };
+        let sender = tokio::time::timeout(self.timeout, connecting)
+            .await
+            .map_err(|_| format!("no connection within {:?}", self.timeout))??;
+        self.sender = Some(sender);
+        Ok(())
+    }
+
+    async fn call(&mut self, body: Bytes) -> Outcome {
+        if self.sender.is_none()
+            && let Err(e) = self.connect().await
+        {
+            return Outcome::Error(format!("connect: {e}"));
+        }
+        let Some(sender) = self.sender.as_mut() else {
+            return Outcome::Error("no connection".to_owned());
+        };
+        let outcome = async {
+            sender.ready().await.map_err(|e| error_chain(&e))?;
+            let request = http::Request::post(self.base.path.clone())
+                .header(http::header::HOST, self.base.authority.as_str())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(body))
+                .map_err(|e| e.to_string())?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| error_chain(&e))?;
+            let status = response.status();
+            // Read the whole body so that the connection can carry the next request.
+            response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| error_chain(&e))?;
+            Ok::<_, String>(status)
+        }
+        .await;
+        match outcome {
+            Ok(http::StatusCode::OK) => Outcome::Ok,
+            Ok(http::StatusCode::TOO_MANY_REQUESTS) => Outcome::OverLimit,
+            Ok(status) => Outcome::Error(format!("HTTP {status}")),
+            Err(e) => {
+                // The connection is in an unknown state: open a new one next time.
+                self.sender = None;
+                Outcome::Error(e)
+            }
+        }
+    }
+}
+
+/// An error with its sources (transport errors say little at the top level:
+/// "transport error").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Strings made of pieces that matter here: placeholders, JSON escapes, braces,
+    /// non-ASCII; at least `min` pieces.
+    fn text(min: usize) -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::strategy::Strategy as _;
+        const PIECES: [&str; 10] = [
+            "a",
+            "{i}",
+            "\"",
+            "\\",
+            "\n",
+            "\u{e9}",
+            "{",
+            "}",
+            "i",
+            "\u{1F600}",
+        ];
+        proptest::collection::vec(proptest::sample::select(&PIECES[..]), min..6)
+            .prop_map(|v| v.concat())
+    }
+
+    proptest::proptest! {
+        /// Whatever the strings (quotes, backslashes, control characters, `{i}` anywhere),
+        /// the JSON body is valid and says exactly the spec with `{i}` replaced, and the
+        /// gRPC request carries the same.
+        #[test]
+        fn bodies_are_the_spec_with_the_index_substituted(
+            domain in text(1),
+            entries in proptest::collection::vec((text(1), text(0)), 1..4),
+            keys in 1u64..1000,
+            n in 0u64..1_000_000,
+        ) {
+            let mut spec = LoadSpec::new(domain.clone(), vec![entries.clone()]);
+            spec.keys = keys;
+            let r = Requests::new(&spec);
+            let i = (n % keys).to_string();
+            let sub = |s: &str| s.replace(KEY_PLACEHOLDER, &i);
+            let mut body = String::new();
+            r.json(n, &mut body);
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let want = serde_json::json!({
+                "domain": domain,
+                "descriptors": [{"entries": entries.iter()
+                    .map(|(k, v)| serde_json::json!({"key": sub(k), "value": sub(v)}))
+                    .collect::<Vec<_>>()}],
+            });
+            proptest::prop_assert_eq!(v, want);
+            let g = r.grpc(n);
+            proptest::prop_assert_eq!(g.domain, domain);
+            let got: Vec<_> = g.descriptors[0].entries.iter()
+                .map(|e| (e.key.clone(), e.value.clone())).collect();
+            let want: Vec<_> = entries.iter().map(|(k, v)| (sub(k), sub(v))).collect();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn template_substitutes_every_placeholder() {
+        let t = Template::new("a{i}-b{i}");
+        assert_eq!(t.render(7), "a7-b7");
+        assert_eq!(Template::new("plain").render(3), "plain");
+        assert_eq!(Template::new("{i}").render(42), "42");
+    }
+
+    #[test]
+    fn json_body_escapes_the_template_and_substitutes_the_index() {
+        let mut spec = LoadSpec::new(
+            "d\"om",
+            vec![vec![("k".into(), "v{i}".into()), ("x".into(), "y".into())]],
+        );
+        spec.keys = 10;
+        let r = Requests::new(&spec);
+        let mut body = String::new();
+        r.json(23, &mut body);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"domain": "d\"om", "descriptors": [{"entries": [
+                {"key": "k", "value": "v3"}, {"key": "x", "value": "y"}]}]})
+        );
+        let g = r.grpc(23);
+        assert_eq!(g.descriptors[0].entries[0].value, "v3");
+        assert_eq!(g.domain, "d\"om");
+    }
+
+    #[test]
+    fn open_loop_schedule_and_stops() {
+        let start = Instant::now();
+        let plan = Plan {
+            stop: Stop::Duration(Duration::from_secs(1)),
+            rate: Some(100.0),
+            timeout: Duration::from_secs(1),
+            start,
+        };
+        assert_eq!(plan.due(0), Some(Some(start)));
+        assert_eq!(plan.due(50), Some(Some(start + Duration::from_millis(500))));
+        assert_eq!(plan.due(99), Some(Some(start + Duration::from_millis(990))));
+        assert_eq!(plan.due(100), None);
+        let plan = Plan {
+            stop: Stop::Requests(3),
+            rate: None,
+            ..plan
+        };
+        assert_eq!(plan.due(2), Some(None));
+        assert_eq!(plan.due(3), None);
+    }
+
+    #[test]
+    fn addresses_are_checked() {
+        assert!(HttpBase::parse("https://x:1").is_err());
+        assert!(HttpBase::parse("http://x:1/?q").is_err());
+        let b = HttpBase::parse("127.0.0.1:9/api/").unwrap();
+        assert_eq!(b.authority, "127.0.0.1:9");
+        assert_eq!(b.path, "/api/json");
+        let b = HttpBase::parse("http://localhost").unwrap();
+        assert_eq!(b.authority, "localhost:80");
+        assert_eq!(b.path, "/json");
+        let t = Duration::from_secs(1);
+        assert!(grpc_endpoint("127.0.0.1:8081", t).is_ok());
+        assert!(grpc_endpoint("http://127.0.0.1:8081", t).is_ok());
+        assert!(grpc_endpoint("https://127.0.0.1:8081", t).is_err());
+        assert!(grpc_endpoint("127.0.0.1", t).is_err());
+        assert!(grpc_endpoint("not an address", t).is_err());
+    }
+
+    #[test]
+    fn invalid_specs_are_refused() {
+        let ok = LoadSpec::new("d", vec![vec![("k".into(), "v".into())]]);
+        assert!(ok.validate().is_ok());
+        let cases: Vec<fn(&mut LoadSpec)> = vec![
+            |s| s.domain.clear(),
+            |s| s.descriptors.clear(),
+            |s| s.descriptors[0].clear(),
+            |s| s.descriptors[0][0].0.clear(),
+            |s| s.keys = 0,
+            |s| s.concurrency = 0,
+            |s| s.connections = Some(0),
+            |s| s.stop = Stop::Requests(0),
+            |s| s.stop = Stop::Duration(Duration::ZERO),
+            |s| s.rate = Some(0.0),
+            |s| s.rate = Some(f64::NAN),
+            |s| s.timeout = Duration::ZERO,
+        ];
+        for (k, change) in cases.iter().enumerate() {
+            let mut s = ok.clone();
+            change(&mut s);
+            assert!(
+                matches!(s.validate(), Err(LoadError::InvalidSpec(_))),
+                "case {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn comparison_is_subject_over_baseline() {
+        let lat = |p: f64| Latency {
+            count: 1,
+            mean: p,
+            p50: p,
+            p90: p,
+            p99: p,
+            p99_9: p,
+            max: p,
+        };
+        let report = |throughput: f64, p: f64| Report {
+            protocol: "grpc".into(),
+            addresses: vec![],
+            mode: Mode::ClosedLoop,
+            concurrency: 1,
+            connections: 1,
+            target_rate: None,
+            keys: 1,
+            elapsed_s: 1.0,
+            sent: 1,
+            ok: 1,
+            over_limit: 0,
+            errors: 0,
+            throughput,
+            latency_us: Some(lat(p)),
+            service_time_us: Some(lat(p)),
+            errors_by_reason: BTreeMap::new(),
+        };
+        let c = compare(&report(300.0, 10.0), &report(100.0, 40.0));
+        assert_eq!(c.throughput, Some(3.0));
+        assert_eq!(c.p99, Some(0.25));
+        let c = compare(&report(300.0, 10.0), &report(0.0, 0.0));
+        assert_eq!(c.throughput, None);
+        assert_eq!(c.p50, None);
+    }
+}

@@ -1,0 +1,443 @@
+//! Prometheus metrics of a node (`GET /metrics`), in the OpenMetrics text format of the
+//! `prometheus-client` crate.
+//!
+//! Two kinds of series:
+//! - **kept here**, by the shells (HTTP and gRPC) around each engine call: the decision
+//!   latency histogram and the requests answered per API and answer;
+//! - **collected at scrape time** from the engine and the cluster driver, so the hot path pays
+//!   nothing for them: per-rule decisions and hits (the engine's [`StatsRegistry`] counters,
+//!   named after envoyproxy/ratelimit's `total_hits` / `over_limit` / `within_limit` /
+//!   `shadow_mode` statistics), the number of keys with state, this node's share of every
+//!   cluster key, link states, the lease and the peer transport's counters
+//!   ([`ClusterStatus`]; a node without a cluster reports [`ClusterStatus::single`]).
+//!
+//! | series | type | labels |
+//! |---|---|---|
+//! | `sluice_decision_duration_seconds` | histogram | `api` |
+//! | `sluice_requests_total` | counter | `api`, `answer` (`ok`, `over_limit`, `invalid`) |
+//! | `sluice_rule_decisions_total` | counter | `domain`, `rule`, `code` (`ok`, `over_limit`) |
+//! | `sluice_rule_hits_total` | counter | `domain`, `rule`, `outcome` (`within_limit`, `over_limit`, `shadow_mode`) |
+//! | `sluice_engine_keys` | gauge | |
+//! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
+//! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
+//! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key` |
+//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds` | gauge | |
+//! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
+//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`) |
+//!
+//! The shares are this node's part of each key's global limit: they add up to at most 1
+//! across the cluster (seed 003 §IV conservation), which is what a dashboard summing
+//! `sluice_cluster_share` by `key` over all nodes shows.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::engine::{Code, Engine};
+use crate::stats::StatsRegistry;
+use crate::status::{ClusterInfo, ClusterStatus};
+
+/// The API a decision came through (the `api` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// Envoy RLS v3 over gRPC.
+    Grpc,
+    /// `POST /json` (envoyproxy/ratelimit's HTTP form).
+    Json,
+    /// The plain check (`/v1/check/...`): consumes.
+    Check,
+    /// The plain check that does not consume (`/v1/peek/...`).
+    Peek,
+}
+
+impl Api {
+    const ALL: [Self; 4] = [Self::Grpc, Self::Json, Self::Check, Self::Peek];
+
+    /// The label value.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::Json => "json",
+            Self::Check => "check",
+            Self::Peek => "peek",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How a request was answered (the `answer` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// `OK`.
+    Ok,
+    /// `OVER_LIMIT`.
+    OverLimit,
+    /// Refused before or by the engine (malformed, empty domain, ...): nothing counted.
+    Invalid,
+}
+
+impl Answer {
+    const ALL: [Self; 3] = [Self::Ok, Self::OverLimit, Self::Invalid];
+
+    /// The label value.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::OverLimit => "over_limit",
+            Self::Invalid => "invalid",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl From<Code> for Answer {
+    fn from(code: Code) -> Self {
+        match code {
+            Code::Ok => Self::Ok,
+            Code::OverLimit => Self::OverLimit,
+        }
+    }
+}
+
+/// Bucket bounds of the latency histogram: 1 µs to about 1 s, doubling. An engine decision
+/// takes well under a microsecond to a few microseconds (docs/BENCHMARKS.md); the upper
+/// buckets catch lock contention and a stalled runtime.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(1e-6, 2.0, 21)
+}
+
+type Labels = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// The node's metrics registry. Cheap to record into from many threads (the latency
+/// histograms and counters are resolved once, at construction, so recording is a lock-free
+/// counter increment plus the histogram's own short lock).
+pub struct Metrics {
+    registry: Registry,
+    latency: [Histogram; 4],
+    requests: [[Counter; 3]; 4],
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Metrics of `engine`'s decisions and, if given, of `cluster` (else a node alone).
+    #[must_use]
+    pub fn new(engine: Arc<Engine>, cluster: Option<Arc<dyn ClusterInfo>>) -> Self {
+        let mut registry = Registry::default();
+
+        let latency_family =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(latency_buckets())
+            });
+        let latency =
+            Api::ALL.map(|api| latency_family.get_or_create_owned(&[("api", api.name())]));
+        registry.register_with_unit(
+            "sluice_decision_duration",
+            "Time the engine took to decide one request, by API",
+            Unit::Seconds,
+            latency_family,
+        );
+
+        let requests_family = Family::<Labels2, Counter>::default();
+        let requests = Api::ALL.map(|api| {
+            Answer::ALL.map(|answer| {
+                requests_family
+                    .get_or_create_owned(&[("api", api.name()), ("answer", answer.name())])
+            })
+        });
+        registry.register(
+            "sluice_requests",
+            "Rate limit requests answered, by API and answer",
+            requests_family,
+        );
+
+        registry.register_collector(Box::new(Scraped { engine, cluster }));
+        Self {
+            registry,
+            latency,
+            requests,
+        }
+    }
+
+    /// Records one request through `api`: how it was answered and, when the engine decided
+    /// it, how long the engine took.
+    pub fn record(&self, api: Api, answer: Answer, decision_time: Option<Duration>) {
+        self.requests[api.index()][answer.index()].inc();
+        if let Some(t) = decision_time {
+            self.latency[api.index()].observe(t.as_secs_f64());
+        }
+    }
+
+    /// The OpenMetrics text exposition of every series.
+    ///
+    /// # Errors
+    /// Only if formatting fails (it writes into a `String`, so in practice never).
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::with_capacity(4096);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The series computed at scrape time.
+#[derive(Debug)]
+struct Scraped {
+    engine: Arc<Engine>,
+    cluster: Option<Arc<dyn ClusterInfo>>,
+}
+
+impl Collector for Scraped {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        encode_rules(&mut encoder, self.engine.stats())?;
+        gauge(
+            &mut encoder,
+            "sluice_engine_keys",
+            "Keys with rate limit state on this node",
+            self.engine.len(),
+        )?;
+        let status = self
+            .cluster
+            .as_ref()
+            .map_or_else(ClusterStatus::single, |c| c.status());
+        encode_cluster(&mut encoder, &status)
+    }
+}
+
+fn encode_rules(encoder: &mut DescriptorEncoder<'_>, stats: &StatsRegistry) -> fmt::Result {
+    let rules = stats.snapshot();
+    {
+        let counter = ConstCounter::new(0u64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_rule_decisions",
+            "Descriptor decisions per configured rule, by answered code (shadowed ones are ok)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (domain, rule, c) in &rules {
+            for (code, v) in [
+                ("ok", c.decisions_ok),
+                ("over_limit", c.decisions_over_limit),
+            ] {
+                let labels = [
+                    ("domain", domain.as_str()),
+                    ("rule", rule.as_str()),
+                    ("code", code),
+                ];
+                ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let counter = ConstCounter::new(0u64);
+    let mut m = encoder.encode_descriptor(
+        "sluice_rule_hits",
+        "Hits (hits_addend) per configured rule, by outcome, as envoyproxy/ratelimit's \
+         within_limit, over_limit and shadow_mode statistics (their sum is its total_hits)",
+        None,
+        counter.metric_type(),
+    )?;
+    for (domain, rule, c) in &rules {
+        for (outcome, v) in [
+            ("within_limit", c.within_limit),
+            ("over_limit", c.over_limit),
+            ("shadow_mode", c.shadow_mode),
+        ] {
+            let labels = [
+                ("domain", domain.as_str()),
+                ("rule", rule.as_str()),
+                ("outcome", outcome),
+            ];
+            ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn gauge<V: prometheus_client::encoding::EncodeGaugeValue + Copy>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    v: V,
+) -> fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A state set as gauges: 1 for `current`, 0 for the other `states` (and for `current` too
+/// if it is not one of them, it is added so an unexpected state is still visible).
+fn state_set(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    extra: Option<(&'static str, &str)>,
+    states: &[&str],
+    current: &str,
+) -> fmt::Result {
+    let g = ConstGauge::new(0i64);
+    let mut m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+    state_samples(&mut m, extra, states, current)
+}
+
+fn state_samples(
+    m: &mut prometheus_client::encoding::MetricEncoder<'_>,
+    extra: Option<(&'static str, &str)>,
+    states: &[&str],
+    current: &str,
+) -> fmt::Result {
+    let unknown = (!states.contains(&current)).then_some(current);
+    for state in states.iter().copied().chain(unknown) {
+        let v = i64::from(state == current);
+        match extra {
+            Some(label) => {
+                let labels = [label, ("state", state)];
+                ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+            }
+            None => {
+                let labels = [("state", state)];
+                ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt::Result {
+    state_set(
+        encoder,
+        "sluice_cluster_lifecycle",
+        "This node's lifecycle in the cluster (1 for the current state)",
+        None,
+        &["single", "joining", "active", "leaving", "left"],
+        &s.lifecycle,
+    )?;
+    state_set(
+        encoder,
+        "sluice_cluster_lease",
+        "This node's lease on the shared capacity (1 for the current state; expired: \
+         enforcing the fallback)",
+        None,
+        &["none", "valid", "expiring", "expired"],
+        &s.lease,
+    )?;
+    {
+        let g = ConstGauge::new(0i64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_cluster_link",
+            "Link state of every configured peer (1 for the current state)",
+            None,
+            g.metric_type(),
+        )?;
+        for member in &s.members {
+            let peer = member.id.to_string();
+            state_samples(
+                &mut m,
+                Some(("peer", peer.as_str())),
+                &["up", "suspect", "down"],
+                &member.link,
+            )?;
+        }
+    }
+    for (name, help, value) in [
+        (
+            "sluice_cluster_share",
+            "Fraction of the key's global limit this node enforces",
+            (|k: &crate::status::KeyShareStatus| k.share) as fn(&_) -> f64,
+        ),
+        (
+            "sluice_cluster_limit",
+            "Requests per unit this node enforces for the key",
+            |k| k.limit as f64,
+        ),
+        (
+            "sluice_cluster_demand",
+            "Smoothed demand of the key on this node, as a fraction of its limit",
+            |k| k.demand,
+        ),
+    ] {
+        let g = ConstGauge::new(0.0f64);
+        let mut m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+        for k in &s.keys {
+            let labels = [("key", k.key.as_str())];
+            ConstGauge::new(value(k)).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    gauge(
+        encoder,
+        "sluice_cluster_default_share",
+        "Share of a cluster key this node has no state for",
+        s.default_share,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_gamma",
+        "The gain of the share update in use",
+        s.gamma,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_cycle_seconds",
+        "The share update cycle",
+        s.cycle_ms / 1000.0,
+    )?;
+    let p = &s.peer;
+    let counter = ConstCounter::new(0u64);
+    {
+        let mut m = encoder.encode_descriptor(
+            "sluice_peer_messages",
+            "Peer protocol messages, sent and received (received: authenticated and applied)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (direction, v) in [("sent", p.messages_sent), ("received", p.messages_received)] {
+            ConstCounter::new(v).encode(m.encode_family(&[("direction", direction)])?)?;
+        }
+    }
+    {
+        let bytes = Unit::Bytes;
+        let mut m = encoder.encode_descriptor(
+            "sluice_peer",
+            "Peer protocol bytes, sent and received (datagrams, headers and MACs included)",
+            Some(&bytes),
+            counter.metric_type(),
+        )?;
+        for (direction, v) in [("sent", p.bytes_sent), ("received", p.bytes_received)] {
+            ConstCounter::new(v).encode(m.encode_family(&[("direction", direction)])?)?;
+        }
+    }
+    let mut m = encoder.encode_descriptor(
+        "sluice_peer_rejected",
+        "Peer datagrams rejected, never applied",
+        None,
+        counter.metric_type(),
+    )?;
+    for (reason, v) in [
+        ("unauthenticated", p.rejected_unauthenticated),
+        ("malformed", p.rejected_malformed),
+    ] {
+        ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! Peer transport: `sluice-coord` messages in authenticated UDP datagrams.
+//!
+//! Why UDP (docs/PROTOCOL.md "Peer transport"): every coordination message carries the
+//! sender's *whole* monotone counters, so it is idempotent and a lost one only delays
+//! (seed 003 §IV). The protocol wants the newest message, not every message in order: a
+//! stream would add head-of-line blocking and reconnects for nothing.
+//!
+//! A datagram is `"SLC1" · from (u32 BE) · to (u32 BE) · payload · tag`, where the tag is
+//! HMAC-SHA256 over everything before it, truncated to 16 bytes (RFC 2104 §5), under a key
+//! the cluster shares. The receiver drops, and counts, any datagram whose tag does not
+//! verify, whose sender is not a configured peer, or whose `to` is not itself — a message
+//! for another node replayed here would credit this node with gifts made to someone else.
+//! A replayed authentic datagram changes nothing: its counters are stale by then.
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// The magic and version at the start of every datagram.
+pub const MAGIC: &[u8; 4] = b"SLC1";
+/// Header bytes: magic, from, to.
+pub const HEADER: usize = 12;
+/// Tag bytes (HMAC-SHA256 truncated).
+pub const TAG: usize = 16;
+/// Largest datagram sent or accepted (IPv4 UDP payload limit).
+pub const MAX_DATAGRAM: usize = 65_507;
+
+/// The cluster's shared key.
+#[derive(Clone)]
+pub struct PeerKey(Vec<u8>);
+
+impl std::fmt::Debug for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.write_str("PeerKey(..)")
+    }
+}
+
+/// Why a key or a datagram was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// The key is too short to be a secret.
+    #[error(
+        "peer key must be at least 16 bytes (got {0}); generate one with e.g. `openssl rand -hex 32`"
+    )]
+    ShortKey(usize),
+    /// Shorter than a header and a tag, or not our magic.
+    #[error("not a sluice peer datagram")]
+    NotOurs,
+    /// The tag does not verify: not from a holder of the cluster key, or altered.
+    #[error("authentication failed")]
+    BadTag,
+    /// Authentic, but addressed to another node.
+    #[error("addressed to node {0}")]
+    WrongRecipient(u32),
+    /// The message does not fit in one datagram.
+    #[error("message of {0} bytes does not fit in one datagram ({MAX_DATAGRAM} bytes)")]
+    TooLarge(usize),
+}
+
+impl PeerKey {
+    /// A key from its bytes (at least 16).
+    ///
+    /// # Errors
+    /// [`PeerError::ShortKey`].
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, PeerError> {
+        let bytes = bytes.into();
+        if bytes.len() < 16 {
+            return Err(PeerError::ShortKey(bytes.len()));
+        }
+        Ok(Self(bytes))
+    }
+
+    /// A key from the text of a key file or variable: surrounding whitespace is ignored.
+    ///
+    /// # Errors
+    /// [`PeerError::ShortKey`].
+    pub fn from_text(text: &str) -> Result<Self, PeerError> {
+        Self::new(text.trim().as_bytes().to_vec())
+    }
+
+    fn mac(&self) -> Hmac<Sha256> {
+        // HMAC accepts keys of any length; this cannot fail.
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"))
+    }
+}
+
+/// Frames `payload` from `from` to `to`.
+///
+/// # Errors
+/// [`PeerError::TooLarge`] when the datagram would exceed [`MAX_DATAGRAM`].
+pub fn seal(key: &PeerKey, from: u32, to: u32, payload: &[u8]) -> Result<Vec<u8>, PeerError> {
+    let len = HEADER + payload.len() + TAG;
+    if len > MAX_DATAGRAM {
+        return Err(PeerError::TooLarge(len));
+    }
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&from.to_be_bytes());
+    out.extend_from_slice(&to.to_be_bytes());
+    out.extend_from_slice(payload);
+    let mut mac = key.mac();
+    mac.update(&out);
+    let tag = mac.finalize().into_bytes();
+    out.extend_from_slice(&tag[..TAG]);
+    Ok(out)
+}
+
+/// Checks a datagram received by node `me`; returns the sender and the payload.
+///
+/// # Errors
+/// [`PeerError::NotOurs`], [`PeerError::BadTag`] or [`PeerError::WrongRecipient`]; the
+/// datagram must then be dropped.
+pub fn open<'d>(key: &PeerKey, me: u32, datagram: &'d [u8]) -> Result<(u32, &'d [u8]), PeerError> {
+    if datagram.len() < HEADER + TAG || &datagram[..4] != MAGIC {
+        return Err(PeerError::NotOurs);
+    }
+    let (body, tag) = datagram.split_at(datagram.len() - TAG);
+    let mut mac = key.mac();
+    mac.update(body);
+    // Constant time, so the tag cannot be guessed byte by byte.
+    mac.verify_truncated_left(tag)
+        .map_err(|_| PeerError::BadTag)?;
+    let word = |i: usize| u32::from_be_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
+    let (from, to) = (word(4), word(8));
+    if to != me {
+        return Err(PeerError::WrongRecipient(to));
+    }
+    Ok((from, &body[HEADER..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key() -> PeerKey {
+        PeerKey::from_text("0123456789abcdef0123456789abcdef\n").unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let d = seal(&key(), 3, 7, b"hello").unwrap();
+        assert_eq!(open(&key(), 7, &d).unwrap(), (3, &b"hello"[..]));
+    }
+
+    #[test]
+    fn wrong_key_recipient_or_short_key_refused() {
+        let d = seal(&key(), 3, 7, b"hello").unwrap();
+        let other = PeerKey::new(b"another key, 16+ bytes".to_vec()).unwrap();
+        assert_eq!(open(&other, 7, &d), Err(PeerError::BadTag));
+        assert_eq!(open(&key(), 8, &d), Err(PeerError::WrongRecipient(7)));
+        assert_eq!(
+            PeerKey::new(b"short".to_vec()).unwrap_err(),
+            PeerError::ShortKey(5)
+        );
+        assert!(seal(&key(), 1, 2, &vec![0; MAX_DATAGRAM]).is_err());
+    }
+
+    proptest! {
+        /// Any change to an authentic datagram (a flipped bit anywhere, header included) is
+        /// refused; so is any random input (the decoder never sees it).
+        #[test]
+        fn tampering_is_detected(payload in proptest::collection::vec(any::<u8>(), 0..300),
+                                 bit in any::<prop::sample::Index>()) {
+            let mut d = seal(&key(), 1, 2, &payload).unwrap();
+            let i = bit.index(d.len() * 8);
+            d[i / 8] ^= 1 << (i % 8);
+            prop_assert!(open(&key(), 2, &d).is_err());
+        }
+
+        #[test]
+        fn random_bytes_refused(d in proptest::collection::vec(any::<u8>(), 0..200)) {
+            prop_assert!(open(&key(), 2, &d).is_err());
+        }
+    }
+}

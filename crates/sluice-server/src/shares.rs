@@ -1,0 +1,263 @@
+//! The bridge between the decision engine (many threads, nanoseconds per call) and the
+//! cluster driver (one task, once per tick): this node's share of every `coordination:
+//! cluster` key, and the hits the engine saw since the driver last looked.
+//!
+//! Shares are in *capacity units*: every key's global limit is [`SCALE`] units, whatever its
+//! rule's rate, so one `sluice-coord` node (one global `L`) divides every rule's limit. A node
+//! holding `u` units of a rule of `N` requests per unit enforces `⌊N·u/SCALE⌋` per unit; the
+//! floors never add up to more than `N` because the units never add up to more than `SCALE`
+//! (seed 003 §IV conservation, proven in `sluice-coord`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use foldhash::HashMap;
+use parking_lot::RwLock;
+use sluice_limits::Nanos;
+
+/// Capacity units of every key's global limit (2²⁰: a millionth of the limit, and a rule of
+/// up to 2⁴³ requests per unit still multiplies without overflow in `u128`).
+pub const SCALE: u64 = 1 << 20;
+
+const SHARDS: usize = 16;
+
+/// This node's share of one key, and its demand since the driver's last drain.
+#[derive(Debug)]
+pub struct KeyShare {
+    /// Capacity units this node enforces.
+    units: AtomicU64,
+    /// Hits seen since the last drain (admitted or not: demand, not throughput).
+    hits: AtomicU64,
+    /// The rule's requests per unit and unit (to turn hits into capacity units).
+    count: AtomicU64,
+    period: AtomicU64,
+    /// Whether the driver has set `units` (else the node's default applies).
+    known: std::sync::atomic::AtomicBool,
+}
+
+/// The hits of one key since the previous drain, with its rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// The cluster key.
+    pub key: u64,
+    /// Hits since the previous drain.
+    pub hits: u64,
+    /// The rule's requests per unit.
+    pub count: u64,
+    /// The rule's unit, nanoseconds.
+    pub period: Nanos,
+}
+
+/// Shares and demand of every cluster key on this node. See the module documentation.
+#[derive(Debug)]
+pub struct Shares {
+    shards: Vec<RwLock<HashMap<u64, Arc<KeyShare>>>>,
+    /// Units of a key the driver has not set yet (the node's default share: `SCALE/N` at
+    /// start, its fallback when its lease has expired).
+    default_units: AtomicU64,
+}
+
+impl Shares {
+    /// No key yet; keys start at `default_units`.
+    #[must_use]
+    pub fn new(default_units: u64) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            default_units: AtomicU64::new(default_units),
+        }
+    }
+
+    fn shard(&self, key: u64) -> &RwLock<HashMap<u64, Arc<KeyShare>>> {
+        // The key is already a hash; its low bits pick the shard.
+        &self.shards[(key as usize) % SHARDS]
+    }
+
+    /// Counts `hits` against `key` (a rule of `count` per `period`) and returns the units
+    /// this node enforces for it now.
+    pub fn on_hit(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
+        let shard = self.shard(key);
+        let entry = shard.read().get(&key).cloned();
+        let entry = match entry {
+            Some(e) => e,
+            None => shard
+                .write()
+                .entry(key)
+                .or_insert_with(|| {
+                    Arc::new(KeyShare {
+                        units: AtomicU64::new(0),
+                        hits: AtomicU64::new(0),
+                        count: AtomicU64::new(count),
+                        period: AtomicU64::new(period),
+                        known: std::sync::atomic::AtomicBool::new(false),
+                    })
+                })
+                .clone(),
+        };
+        // Relaxed: each field is a value on its own; the driver tolerates a hit counted in
+        // the next drain rather than this one.
+        entry.hits.fetch_add(hits, Ordering::Relaxed);
+        entry.count.store(count, Ordering::Relaxed);
+        entry.period.store(period, Ordering::Relaxed);
+        self.units_of(&entry)
+    }
+
+    fn units_of(&self, e: &KeyShare) -> u64 {
+        if e.known.load(Ordering::Acquire) {
+            e.units.load(Ordering::Relaxed)
+        } else {
+            self.default_units.load(Ordering::Relaxed)
+        }
+    }
+
+    /// The units this node enforces for `key` (without counting a hit).
+    #[must_use]
+    pub fn units(&self, key: u64) -> u64 {
+        match self.shard(key).read().get(&key) {
+            Some(e) => self.units_of(e),
+            None => self.default_units.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the units of `key` (the driver, from `sluice-coord`'s enforced limit).
+    pub fn set(&self, key: u64, units: u64) {
+        if let Some(e) = self.shard(key).read().get(&key) {
+            e.units.store(units, Ordering::Relaxed);
+            e.known.store(true, Ordering::Release);
+        }
+    }
+
+    /// Sets the units of every key the driver has not set.
+    pub fn set_default(&self, units: u64) {
+        self.default_units.store(units, Ordering::Relaxed);
+    }
+
+    /// The default units.
+    #[must_use]
+    pub fn default_units(&self) -> u64 {
+        self.default_units.load(Ordering::Relaxed)
+    }
+
+    /// Takes every key's hits since the previous drain (keys without hits included, with 0).
+    pub fn drain(&self) -> Vec<Drained> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            for (&key, e) in shard.read().iter() {
+                out.push(Drained {
+                    key,
+                    hits: e.hits.swap(0, Ordering::Relaxed),
+                    count: e.count.load(Ordering::Relaxed),
+                    period: e.period.load(Ordering::Relaxed),
+                });
+            }
+        }
+        out.sort_unstable_by_key(|d| d.key);
+        out
+    }
+
+    /// Forgets `key` (idle); its next hit starts again from the default share.
+    pub fn remove(&self, key: u64) {
+        self.shard(key).write().remove(&key);
+    }
+
+    /// Number of keys.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    /// Whether there is no key.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `⌊count·units/SCALE⌋`: this node's part of a rule's `count` (0 when it holds nothing).
+#[must_use]
+pub fn scaled(count: u64, units: u64) -> u64 {
+    let v = u128::from(count) * u128::from(units.min(SCALE)) / u128::from(SCALE);
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// The cluster key of a descriptor: a 64-bit FNV-1a hash of the domain and its entries.
+/// Stable across processes, platforms and versions (every node must compute the same key
+/// for the same descriptor), unlike `std`'s or `foldhash`'s seeded hashers.
+#[must_use]
+pub fn cluster_key<'a>(domain: &str, entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    fn eat(mut h: u64, bytes: &[u8], sep: u8) -> u64 {
+        for &b in bytes.iter().chain(std::iter::once(&sep)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+        h
+    }
+    // Separators outside UTF-8's byte range keep `a=bc` and `ab=c` apart.
+    let mut h = eat(OFFSET, domain.as_bytes(), 0xff);
+    for (k, v) in entries {
+        h = eat(h, k.as_bytes(), 0xfe);
+        h = eat(h, v.as_bytes(), 0xff);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floors_never_add_up_to_more_than_the_count() {
+        for count in [1u64, 3, 7, 10, 1000, 12_345] {
+            for parts in [2u64, 3, 5, 7] {
+                let mut left = SCALE;
+                let mut sum = 0;
+                for p in 0..parts {
+                    let u = if p + 1 == parts { left } else { SCALE / parts };
+                    left -= u;
+                    sum += scaled(count, u);
+                }
+                assert!(sum <= count);
+                assert!(sum + parts > count, "floors lose less than one per part");
+            }
+        }
+    }
+
+    #[test]
+    fn keys_are_stable_and_separated() {
+        let a = cluster_key("d", [("k", "v")]);
+        assert_eq!(a, cluster_key("d", [("k", "v")]));
+        assert_ne!(
+            cluster_key("d", [("ab", "c")]),
+            cluster_key("d", [("a", "bc")])
+        );
+        assert_ne!(
+            cluster_key("d", [("k", "v")]),
+            cluster_key("e", [("k", "v")])
+        );
+        // Pinned: a change here splits a cluster of mixed versions.
+        assert_eq!(
+            cluster_key("api", [("tenant", "acme")]),
+            0xcad4_78b4_9b1a_b469
+        );
+    }
+
+    #[test]
+    fn drain_takes_hits_once() {
+        let s = Shares::new(SCALE / 2);
+        assert_eq!(s.on_hit(7, 10, 1_000, 3), SCALE / 2);
+        s.set(7, 100);
+        assert_eq!(s.on_hit(7, 10, 1_000, 2), 100);
+        let d = s.drain();
+        assert_eq!(
+            d,
+            vec![Drained {
+                key: 7,
+                hits: 5,
+                count: 10,
+                period: 1_000
+            }]
+        );
+        assert_eq!(s.drain()[0].hits, 0);
+    }
+}

@@ -1,0 +1,113 @@
+//! What a node tells operators about its cluster (`GET /v1/cluster`, `/metrics`): members,
+//! link states, this node's shares and lease, and the peer transport's counters.
+//!
+//! The cluster driver produces a [`ClusterStatus`] on demand through [`ClusterInfo`]; the
+//! HTTP layer only serialises it, so a node without a cluster answers with
+//! [`ClusterStatus::single`].
+
+use serde::Serialize;
+
+/// A snapshot of this node's view of the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterStatus {
+    /// This node's id.
+    pub node_id: u32,
+    /// This node's incarnation (grows on restart and after being declared dead).
+    pub incarnation: u64,
+    /// `joining`, `active`, `leaving`, `left`, or `single` (no cluster).
+    pub lifecycle: String,
+    /// Lease on the shared capacity: `valid`, `expiring`, `expired` (enforcing the fallback),
+    /// or `none` (no cluster).
+    pub lease: String,
+    /// The fallback mode (`none`, `reserved:F`, `last-share`).
+    pub fallback: String,
+    /// The heir (best friend, seed 003 §IV), if any.
+    pub heir: Option<u32>,
+    /// The gain γ in use.
+    pub gamma: f64,
+    /// The update cycle, milliseconds.
+    pub cycle_ms: f64,
+    /// Every configured peer.
+    pub members: Vec<MemberStatus>,
+    /// Share of a key this node has no state for (fraction of the key's limit).
+    pub default_share: f64,
+    /// Shares of the keys with state.
+    pub keys: Vec<KeyShareStatus>,
+    /// Peer transport counters.
+    pub peer: PeerCounters,
+}
+
+impl ClusterStatus {
+    /// A node alone: every cluster rule applies its whole limit.
+    #[must_use]
+    pub fn single() -> Self {
+        Self {
+            node_id: 0,
+            incarnation: 0,
+            lifecycle: "single".into(),
+            lease: "none".into(),
+            fallback: "none".into(),
+            heir: None,
+            gamma: 0.0,
+            cycle_ms: 0.0,
+            members: Vec::new(),
+            default_share: 1.0,
+            keys: Vec::new(),
+            peer: PeerCounters::default(),
+        }
+    }
+}
+
+/// One peer as this node sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberStatus {
+    /// Its id.
+    pub id: u32,
+    /// Its peer address.
+    pub addr: String,
+    /// Link weight `w_ij`.
+    pub weight: f64,
+    /// `up` (heard within two cycles), `suspect` (within a lease), `down`.
+    pub link: String,
+    /// Whether it is this node's heir.
+    pub heir: bool,
+}
+
+/// This node's share of one cluster key.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyShareStatus {
+    /// The cluster key (16 hex digits; a hash of the domain and descriptor).
+    pub key: String,
+    /// Fraction of the key's global limit this node enforces.
+    pub share: f64,
+    /// Requests per unit this node enforces.
+    pub limit: u64,
+    /// The rule's global requests per unit.
+    pub global_limit: u64,
+    /// Smoothed demand, as a fraction of the key's limit (seed 003 §III filter).
+    pub demand: f64,
+}
+
+/// Peer transport counters since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct PeerCounters {
+    /// Messages sent.
+    pub messages_sent: u64,
+    /// Bytes sent (datagrams, headers and MACs included).
+    pub bytes_sent: u64,
+    /// Messages received and applied.
+    pub messages_received: u64,
+    /// Bytes received (accepted datagrams).
+    pub bytes_received: u64,
+    /// Datagrams rejected: bad MAC, unknown sender, or addressed to another node. Never
+    /// applied.
+    pub rejected_unauthenticated: u64,
+    /// Datagrams rejected: authentic but undecodable.
+    pub rejected_malformed: u64,
+}
+
+/// Something that can describe the cluster (the cluster driver).
+pub trait ClusterInfo: Send + Sync + std::fmt::Debug {
+    /// The current snapshot.
+    fn status(&self) -> ClusterStatus;
+}

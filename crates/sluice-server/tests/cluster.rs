@@ -1,0 +1,239 @@
+//! The cluster driver on real UDP sockets on 127.0.0.1: three in-process nodes, each with its
+//! own engine, dividing one `coordination: cluster` limit (seed 000 eq. 3 / seed 003 §II,
+//! carried by `sluice-coord`), with skewed load applied straight to the engines.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_server::cluster::{Cluster, ClusterSpec, PeerSpec};
+use sluice_server::peer::{PeerKey, seal};
+use sluice_server::status::ClusterInfo;
+use sluice_server::{Code, Config, Descriptor, Engine, Request};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+
+const LIMIT: u64 = 2_000;
+
+fn config() -> Config {
+    Config::from_yaml(
+        "cluster.yaml",
+        &format!(
+            "
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: {LIMIT}
+      algorithm: gcra
+      burst: 200
+      coordination: cluster
+"
+        ),
+    )
+    .unwrap()
+}
+
+fn key() -> PeerKey {
+    PeerKey::from_text("test-cluster-key-0123456789abcdef").unwrap()
+}
+
+struct Node {
+    engine: Arc<Engine>,
+    cluster: Arc<Cluster>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(n: usize) -> Vec<Node> {
+    let mut sockets = Vec::new();
+    for _ in 0..n {
+        sockets.push(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let mut nodes = Vec::new();
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let peers = (0..n)
+            .filter(|&j| j != i)
+            .map(|j| PeerSpec {
+                id: j as u32,
+                addr: addrs[j],
+                weight: 1.0,
+            })
+            .collect();
+        let mut spec = ClusterSpec::new(i as u32, peers, key());
+        spec.cycle = Duration::from_millis(20);
+        spec.lease = Duration::from_millis(400);
+        let engine = Arc::new(Engine::new(config()));
+        let cluster = Cluster::new(&spec, socket, &engine).unwrap();
+        let (stop, mut rx) = watch::channel(false);
+        let c = cluster.clone();
+        let task = tokio::spawn(async move {
+            let _ = c
+                .run(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+        nodes.push(Node {
+            engine,
+            cluster,
+            stop,
+            task,
+        });
+    }
+    nodes
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Offers `rates[i]` requests/s to node `i` for `secs`; returns (admitted, refused) per node
+/// counted over the last `measure` seconds only.
+async fn load(nodes: &[Node], rates: &[f64], secs: f64, measure: f64) -> Vec<(u64, u64)> {
+    let req = Request::new("api", [Descriptor::new([("tenant", "acme")])]);
+    let start = Instant::now();
+    let mut sent = vec![0u64; nodes.len()];
+    let mut out = vec![(0u64, 0u64); nodes.len()];
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    loop {
+        tick.tick().await;
+        let t = start.elapsed().as_secs_f64();
+        if t >= secs {
+            return out;
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            let due = (rates[i] * t) as u64;
+            while sent[i] < due {
+                sent[i] += 1;
+                let r = node.engine.should_rate_limit(unix_now(), &req).unwrap();
+                if t >= secs - measure {
+                    match r.overall_code {
+                        Code::Ok => out[i].0 += 1,
+                        Code::OverLimit => out[i].1 += 1,
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn stop(nodes: Vec<Node>) {
+    for n in &nodes {
+        let _ = n.stop.send(true);
+    }
+    for n in nodes {
+        let _ = tokio::time::timeout(Duration::from_secs(5), n.task).await;
+    }
+}
+
+/// Skewed demand above the limit: once converged, the cluster admits the global limit
+/// (within 2%), and the loaded node holds most of it (seed 003 §III-A: indicators equalise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_overload_admits_the_global_limit() {
+    let nodes = start(3).await;
+    let l = LIMIT as f64;
+    let rates = [1.4 * l, 0.45 * l, 0.15 * l];
+    let counts = load(&nodes, &rates, 5.0, 2.0).await;
+    let admitted: u64 = counts.iter().map(|c| c.0).sum();
+    let expect = 2.0 * l;
+    let err = (admitted as f64 - expect) / expect;
+    let shares: Vec<f64> = nodes
+        .iter()
+        .map(|n| n.cluster.status().keys.first().map_or(0.0, |k| k.share))
+        .collect();
+    eprintln!(
+        "admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
+        err * 100.0
+    );
+    assert!(
+        err.abs() <= 0.02,
+        "admitted {admitted}, expected {expect} ± 2%"
+    );
+    assert!(
+        shares.iter().sum::<f64>() <= 1.0 + 1e-9,
+        "shares add up to at most the limit"
+    );
+    assert!(
+        shares[0] > shares[1] && shares[1] > shares[2],
+        "demand decides the shares: {shares:?}"
+    );
+    stop(nodes).await;
+}
+
+/// Global demand under the limit: after convergence no node refuses anything, however
+/// skewed the demand (the static split L/N would refuse most of node 0's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_limit_nobody_is_throttled() {
+    let nodes = start(3).await;
+    let l = LIMIT as f64;
+    let rates = [0.6 * l, 0.15 * l, 0.05 * l];
+    let counts = load(&nodes, &rates, 4.0, 2.0).await;
+    let refused: u64 = counts.iter().map(|c| c.1).sum();
+    eprintln!("per node (admitted, refused) {counts:?}");
+    assert_eq!(refused, 0, "{counts:?}");
+    stop(nodes).await;
+}
+
+/// A datagram from outside the cluster (wrong key, or a sender that is not a peer) is
+/// counted and never applied; garbage is counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_datagrams_are_rejected_and_counted() {
+    let nodes = start(2).await;
+    let target = nodes[0].cluster.local_addr().unwrap();
+    let before = nodes[0].cluster.status();
+    let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let wrong = PeerKey::from_text("not-the-cluster-key-at-all-0000").unwrap();
+    // A well-formed frame under the wrong key, one from a non-member under the right key,
+    // and noise.
+    attacker
+        .send_to(&seal(&wrong, 1, 0, b"x").unwrap(), target)
+        .await
+        .unwrap();
+    attacker
+        .send_to(&seal(&key(), 9, 0, b"x").unwrap(), target)
+        .await
+        .unwrap();
+    attacker.send_to(b"garbage", target).await.unwrap();
+    // Authentic but undecodable.
+    attacker
+        .send_to(&seal(&key(), 1, 0, b"\xff\xff").unwrap(), target)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = nodes[0].cluster.status();
+    assert_eq!(
+        after.peer.rejected_unauthenticated - before.peer.rejected_unauthenticated,
+        3
+    );
+    assert_eq!(
+        after.peer.rejected_malformed - before.peer.rejected_malformed,
+        1
+    );
+    assert_eq!(after.incarnation, before.incarnation);
+    stop(nodes).await;
+}
+
+/// A node that shuts down hands its capacity to its heir: the survivor ends up holding the
+/// whole limit (seed 003 §IV), without waiting for a lease to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_leave_hands_the_share_over() {
+    let mut nodes = start(2).await;
+    let l = LIMIT as f64;
+    load(&nodes, &[0.3 * l, 0.3 * l], 1.0, 0.0).await;
+    let leaver = nodes.pop().unwrap();
+    let _ = leaver.stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), leaver.task)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let s = nodes[0].cluster.status();
+    let share = s.keys.first().map_or(0.0, |k| k.share);
+    assert!(share > 0.999, "survivor holds {share} of the limit: {s:?}");
+    stop(nodes).await;
+}

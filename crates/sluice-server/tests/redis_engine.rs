@@ -1,0 +1,189 @@
+//! `coordination: redis` through the engine, against a real `redis-server` on 127.0.0.1:
+//! two engines ("nodes") sharing one Redis never admit more than the limit together; with
+//! Redis killed mid-load every request is still answered within the timeout, locally with
+//! the node's share (seed 002 §4.4(4)); when Redis is back, Redis decides again.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../../sluice-redis/tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_server::engine::central::{self, CentralMode, RedisMode};
+use sluice_server::{Code, Config, Descriptor, Engine, Request};
+use support::RedisServer;
+
+/// 100 per hour: a test lasts seconds, so every admission of a run is in one window.
+const RULES: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit:
+      unit: hour
+      requests_per_unit: 100
+      algorithm: sliding-log
+      coordination: redis
+";
+
+fn now() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap()
+}
+
+fn engine(url: &str, mode: RedisMode, timeout: Duration, nodes: u64) -> Arc<Engine> {
+    let e = Engine::new(Config::from_yaml("rules.yaml", RULES).unwrap());
+    assert!(e.attach_redis(central::connect(url, mode, timeout, nodes).unwrap()));
+    Arc::new(e)
+}
+
+fn req(user: &str) -> Request {
+    Request::new("d", [Descriptor::new([("user", user)])])
+}
+
+/// `tasks` concurrent callers per engine, `each` requests each: admissions in total.
+async fn load(engines: &[Arc<Engine>], user: &str, tasks: usize, each: usize) -> usize {
+    let mut handles = Vec::new();
+    for e in engines {
+        for _ in 0..tasks {
+            let (e, r) = (e.clone(), req(user));
+            handles.push(tokio::spawn(async move {
+                let mut ok = 0;
+                for _ in 0..each {
+                    let resp = e.should_rate_limit_async(now(), &r).await.unwrap();
+                    ok += usize::from(resp.overall_code == Code::Ok);
+                }
+                ok
+            }));
+        }
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_limit_exactly() {
+    let redis = RedisServer::start();
+    // A generous timeout: this test is about sharing, not about falling back.
+    let nodes = [
+        engine(&redis.url(), RedisMode::Exact, Duration::from_secs(2), 2),
+        engine(&redis.url(), RedisMode::Exact, Duration::from_secs(2), 2),
+    ];
+    let admitted = load(&nodes, "alice", 3, 60).await;
+    for n in &nodes {
+        let s = n.central_status().unwrap();
+        assert_eq!((s.mode, s.decisions_local), (CentralMode::Central, 0));
+    }
+    // 360 requests for 100 permits: Redis admits exactly the limit over both nodes.
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_nodes_never_admit_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let nodes = [
+        engine(&redis.url(), RedisMode::Batched, Duration::from_secs(2), 2),
+        engine(&redis.url(), RedisMode::Batched, Duration::from_secs(2), 2),
+    ];
+    let admitted = load(&nodes, "bob", 3, 60).await;
+    // Batches only under-admit (an expired batch's permits are lost), never over.
+    assert!(admitted <= 100 && admitted > 0, "admitted {admitted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    // The timeout plus scheduling slack on a loaded 2-core machine.
+    const BOUND: Duration = Duration::from_millis(50 + 400);
+    let mut redis = RedisServer::start();
+    let node = engine(&redis.url(), RedisMode::Exact, TIMEOUT, 2);
+    let r = req("carol");
+    // Central: 40 of the 100 permits used.
+    for _ in 0..40 {
+        let resp = node.should_rate_limit_async(now(), &r).await.unwrap();
+        assert_eq!(resp.overall_code, Code::Ok);
+    }
+    // Load from two tasks while Redis is killed under them.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let (node, r, stop) = (node.clone(), r.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let start = Instant::now();
+                let resp = node.should_rate_limit_async(now(), &r).await.unwrap();
+                seen.push((start, start.elapsed(), resp.overall_code == Code::Ok));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            seen
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    redis.kill();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut after_kill = (0, 0);
+    for h in handles {
+        for (start, took, ok) in h.await.unwrap() {
+            assert!(took <= BOUND, "a request took {took:?}");
+            if start > killed {
+                after_kill.0 += 1;
+                after_kill.1 += usize::from(ok);
+            }
+        }
+    }
+    let s = node.central_status().unwrap();
+    assert_eq!(s.mode, CentralMode::Fallback);
+    assert_eq!(s.transitions, 1);
+    // Locally, a fresh state with half of the limit: at most 50 admitted after the kill.
+    assert!(
+        after_kill.0 > 50,
+        "too few requests after the kill: {after_kill:?}"
+    );
+    assert!(after_kill.1 <= 50 && after_kill.1 > 0, "{after_kill:?}");
+    // Redis back (empty: no persistence): a probe finds it within 100 ms of the node's clock.
+    redis.restart();
+    let fresh = req("dave");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.central_status().unwrap().mode != CentralMode::Central {
+        assert!(
+            Instant::now() < deadline,
+            "redis is back but the node stays in fallback"
+        );
+        let start = Instant::now();
+        node.should_rate_limit_async(now(), &req("probe"))
+            .await
+            .unwrap();
+        assert!(start.elapsed() <= BOUND);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Central again: the whole limit, not the share.
+    let mut ok = 0;
+    for _ in 0..120 {
+        let resp = node.should_rate_limit_async(now(), &fresh).await.unwrap();
+        ok += usize::from(resp.overall_code == Code::Ok);
+    }
+    assert_eq!(ok, 100);
+    assert_eq!(node.central_status().unwrap().transitions, 2);
+}
+
+#[test]
+fn a_redis_rule_without_redis_decides_locally_with_the_whole_limit() {
+    let e = Engine::new(Config::from_yaml("rules.yaml", RULES).unwrap());
+    let r = req("erin");
+    let ok = (0..120)
+        .filter(|_| e.should_rate_limit(0, &r).unwrap().overall_code == Code::Ok)
+        .count();
+    assert_eq!(ok, 100);
+    assert!(e.central_status().is_none());
+}
