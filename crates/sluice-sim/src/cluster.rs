@@ -475,9 +475,10 @@ pub struct Outcome {
     pub trace: Vec<CycleRow>,
 }
 
-/// The demand of every node over time.
+/// The demand of every node over time (shared with [`crate::baselines`], so every strategy
+/// there sees exactly the demand the real nodes see here).
 #[derive(Debug, Clone)]
-struct Demand {
+pub(crate) struct Demand {
     workload: Workload,
     n: usize,
     limit: f64,
@@ -492,7 +493,7 @@ struct Demand {
 }
 
 impl Demand {
-    fn new(workload: Workload, n: usize, limit: f64, cycles: u64, seed: u64) -> Self {
+    pub(crate) fn new(workload: Workload, n: usize, limit: f64, cycles: u64, seed: u64) -> Self {
         let mut rng = Rng::new(seed ^ 0x5EED_D3A4_D000_0001);
         let scale = |w: Vec<f64>, total: f64| -> Vec<f64> {
             let s: f64 = w.iter().sum();
@@ -556,7 +557,7 @@ impl Demand {
     }
 
     /// Demand of every node in cycle `k`.
-    fn at(&self, k: u64) -> Vec<f64> {
+    pub(crate) fn at(&self, k: u64) -> Vec<f64> {
         match self.workload {
             Workload::Steady | Workload::Skewed => self.base.clone(),
             Workload::Shift => {
