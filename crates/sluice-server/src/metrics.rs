@@ -219,6 +219,35 @@ impl Collector for Scraped {
             "Keys with rate limit state on this node",
             self.engine.len(),
         )?;
+        if let Some(c) = self.engine.central_status() {
+            // `coordination: redis` rules: is Redis deciding, or this node's fallback share?
+            let fallback = matches!(c.mode, crate::central::CentralMode::Fallback);
+            gauge(
+                &mut encoder,
+                "sluice_redis_fallback",
+                "1 while Redis rules are decided locally with this node's share (Redis did not \
+                 answer within the timeout), 0 while Redis decides",
+                i64::from(fallback),
+            )?;
+            gauge(
+                &mut encoder,
+                "sluice_redis_transitions",
+                "Changes between Redis and the local fallback since start",
+                i64::try_from(c.transitions).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut encoder,
+                "sluice_redis_decisions_central",
+                "Decisions of Redis rules made by Redis (or from a batch taken from it)",
+                i64::try_from(c.decisions_central).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut encoder,
+                "sluice_redis_decisions_local",
+                "Decisions of Redis rules made locally (fallback)",
+                i64::try_from(c.decisions_local).unwrap_or(i64::MAX),
+            )?;
+        }
         let status = self
             .cluster
             .as_ref()

@@ -145,6 +145,12 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
     let s = node.central_status().unwrap();
     assert_eq!(s.mode, CentralMode::Fallback);
     assert_eq!(s.transitions, 1);
+    // Operators see it on /metrics.
+    let text = sluice_server::metrics::Metrics::new(node.clone(), None)
+        .encode()
+        .unwrap();
+    assert!(text.contains("sluice_redis_fallback 1"), "{text}");
+    assert!(text.contains("sluice_redis_transitions 1"), "{text}");
     // Locally, a fresh state with half of the limit: at most 50 admitted after the kill.
     assert!(
         after_kill.0 > 50,
