@@ -96,8 +96,14 @@ impl Shares {
         // Relaxed: each field is a value on its own; the driver tolerates a hit counted in
         // the next drain rather than this one.
         entry.hits.fetch_add(hits, Ordering::Relaxed);
-        entry.count.store(count, Ordering::Relaxed);
-        entry.period.store(period, Ordering::Relaxed);
+        // Written only when the rule changed (a reload), so hot keys do not keep dirtying the
+        // line for the other threads.
+        if entry.count.load(Ordering::Relaxed) != count {
+            entry.count.store(count, Ordering::Relaxed);
+        }
+        if entry.period.load(Ordering::Relaxed) != period {
+            entry.period.store(period, Ordering::Relaxed);
+        }
         self.units_of(&entry)
     }
 
@@ -118,12 +124,30 @@ impl Shares {
         }
     }
 
-    /// Sets the units of `key` (the driver, from `sluice-coord`'s enforced limit).
+    /// Sets the units of `key` (the driver, from `sluice-coord`'s enforced limit). A key the
+    /// engine has not seen yet is added: the node may hold less than its default for it (it
+    /// gave some away), and the first local hit must see that, not the default.
     pub fn set(&self, key: u64, units: u64) {
         if let Some(e) = self.shard(key).read().get(&key) {
             e.units.store(units, Ordering::Relaxed);
             e.known.store(true, Ordering::Release);
+            return;
         }
+        self.shard(key)
+            .write()
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(KeyShare {
+                    units: AtomicU64::new(units),
+                    hits: AtomicU64::new(0),
+                    // Unknown until the first hit; no hits, no demand.
+                    count: AtomicU64::new(0),
+                    period: AtomicU64::new(0),
+                    known: std::sync::atomic::AtomicBool::new(true),
+                })
+            })
+            .units
+            .store(units, Ordering::Relaxed);
     }
 
     /// Sets the units of every key the driver has not set.
@@ -259,5 +283,17 @@ mod tests {
             }]
         );
         assert_eq!(s.drain()[0].hits, 0);
+    }
+
+    /// A key the node gave away before any local hit: the first hit sees the node's real
+    /// holding, not the default share (else the node would enforce capacity it no longer has).
+    #[test]
+    fn a_key_set_before_its_first_hit_keeps_the_set_value() {
+        let s = Shares::new(SCALE / 2);
+        s.set(9, 3);
+        assert_eq!(s.units(9), 3);
+        assert_eq!(s.on_hit(9, 10, 1_000, 1), 3);
+        s.set_default(SCALE);
+        assert_eq!(s.on_hit(9, 10, 1_000, 1), 3);
     }
 }
