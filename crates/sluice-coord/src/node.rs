@@ -43,6 +43,51 @@
 //! not a crash) or that restarts comes back as a new incarnation holding only its reservation
 //! (pitfall (c)).
 //!
+//! Settlements across a multi-node cut (seed 003 §IV: "no local limiter gains or loses
+//! extra capacity"). Three rules keep chained settlements — a heir settling a ward while its
+//! own heir settles it — from counting capacity twice or waiting for ever:
+//! * a settlement acts on others (settle requests, succession notices) only once our heir
+//!   holds a ledger recording it ([`Node`]'s `announced`); otherwise a heir that inherits
+//!   from us with an older ledger would send the node we declared dead a succession notice,
+//!   reviving it with a fresh lease and the power to settle wards we had moved to us;
+//! * a verdict from our heir is obeyed even when that heir's incarnation is dead to us (its
+//!   own heir asked us for our counters with it): it settled us before it died;
+//! * a reincarnated node answers the settlement requests it held: its old estate is final,
+//!   and each reply names the replier incarnation that froze the link
+//!   ([`crate::wire::SettleReply::replier_incarnation`]), so a dead node that folded that
+//!   link is not counted again.
+//!
+//! # Idle keys (reclamation)
+//!
+//! With [`Config::idle_after`] set, a key whose demand estimate stays below one unit for
+//! that long is *quiet*, and its state is reclaimed without breaking conservation:
+//! 1. *Give back.* Between two quiet ends the law stops; each returns to the other what it
+//!    received from it beyond what it gave (`seen − given`), so every link's counters
+//!    balance and every node goes back to its base — the static split where it started.
+//! 2. *Retire the counters.* A link whose counters are `given = seen = c`, all acknowledged,
+//!    is proposed for retirement (`Message::retire`); the peer matches only if its own are
+//!    exactly `c, c` (nothing in flight either way), resets them to zero and acknowledges
+//!    (`retired`); the proposer resets and confirms (`confirm`). A balanced link's net is
+//!    zero, so zeroing it changes no share, no base and no settlement estimate. No gift
+//!    crosses the link on that key meanwhile; a gift from the peer before it matched ends
+//!    the round. Counters of the retired generation may still be in flight: each end
+//!    ignores the other's entries until the confirmation (a tomb), and every message sent
+//!    (on the sender's clock, strictly increasing per link) before the acknowledgement or
+//!    confirmation (a per-link floor, one number, not one per key).
+//! 3. *Drop.* A quiet key whose base is the default, whose links are all zero and settled,
+//!    and whose neighbours are all quiet, holds exactly what no state says: it is dropped
+//!    and reported in [`Ready::reclaimed`]. A key that comes back starts from the static
+//!    split. A neighbour's entry for a quiet key with zero counters creates no state.
+//!
+//! Limits: a key whose base an inheritance changed is kept (its share is no longer the
+//! static split); flows that went round a cycle of nodes that hold no base (joiners,
+//! restarted nodes) can leave debts nobody can pay first (kept, never unsafe).
+//!
+//! # Big batches
+//!
+//! One send to a neighbour carries every active key; beyond
+//! [`Config::max_message_bytes`] it is split into several messages (see `split`).
+//!
 //! # Relay (spare capacity toward unmet demand, over several hops)
 //!
 //! The law is a diffusion: with the stable gain (`γ·d ≤ ½`, seed 003 Thm 1) a node moves at
@@ -79,7 +124,9 @@ use crate::filter::DemandFilter;
 use crate::law::{self, Measure, Peer};
 use crate::pacing::{Strategy, TokenAccount};
 use crate::stability::{self, ConfigError};
-use crate::wire::{Holding, Key, KeyEntry, Ledger, Lifecycle, Message, NodeId, Part, SettleReply};
+use crate::wire::{
+    self, Holding, Key, KeyEntry, Ledger, Lifecycle, Message, NodeId, Part, SettleReply,
+};
 
 /// Nanoseconds on this node's own clock.
 pub type Nanos = u64;
@@ -163,6 +210,14 @@ pub struct Config {
     /// Relay spare capacity toward unmet demand, over several hops (see the module docs,
     /// "Relay"). On by default; off gives the plain law.
     pub relay: bool,
+    /// Largest encoded message (bytes). One send to a neighbour carries every active key;
+    /// beyond this it is split into several messages (default 60,000: a UDP datagram holds
+    /// 65,507 bytes, less the transport's frame).
+    pub max_message_bytes: usize,
+    /// A key with no demand and an enforced share equal to its static split is *idle*; after
+    /// `idle_after` idle it is reclaimed (see the module docs, "Idle keys"). `None` keeps
+    /// every key for ever.
+    pub idle_after: Option<Nanos>,
 }
 
 impl Config {
@@ -194,6 +249,8 @@ impl Config {
             fallback: Fallback::None,
             pacing: None,
             relay: true,
+            max_message_bytes: 60_000,
+            idle_after: None,
         }
     }
 
@@ -287,6 +344,9 @@ pub struct Ready {
     pub messages: Vec<Outgoing>,
     /// Keys whose enforced limit changed, with the new limit (capacity units).
     pub limits: Vec<(Key, u64)>,
+    /// Keys reclaimed since the last call (see the module docs, "Idle keys"): they hold no
+    /// state any more and are enforced at [`Node::default_enforced`], the static split.
+    pub reclaimed: Vec<Key>,
 }
 
 #[derive(Debug, Clone)]
@@ -309,6 +369,14 @@ struct Link {
     neighbour: bool,
     /// The peer's latest message named us its heir (we answer every cycle).
     names_me_heir: bool,
+    /// Messages from the peer sent (its clock) before this carry no counters or retirement
+    /// proposals we apply: they may hold counters of a retired generation (see "Idle keys").
+    floor: Nanos,
+    /// `sent_at` of our latest message to the peer: `sent_at` strictly increases per link,
+    /// so "sent before" is well defined for the peer's floor.
+    last_sent: Nanos,
+    /// Keys whose retirement we confirm in our next message (see "Idle keys").
+    confirm: BTreeSet<Key>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -325,9 +393,22 @@ struct LinkKey {
     /// `given` in the last message we sent the peer: a larger `given` is a gift that has
     /// not left yet.
     given_sent: u64,
+    /// The peer's latest entry said the key is idle there.
+    peer_idle: bool,
+    /// We proposed retiring this link's counters (they are balanced and frozen) in messages
+    /// sent at or after this time (our clock); see "Idle keys".
+    retiring: Option<Nanos>,
+    /// We matched the peer's proposal sent at this time (its clock) and reset our counters;
+    /// its entries for the key are ignored until it confirms.
+    tomb: Option<Nanos>,
 }
 
 impl LinkKey {
+    /// No gift may cross the link on this key while a retirement is under way.
+    fn frozen(&self) -> bool {
+        self.retiring.is_some() || self.tomb.is_some()
+    }
+
     /// What is left of the peer's relay request: the request less what we gave it since it
     /// asked (in flight when it asked, or given after).
     fn relay_open(&self) -> f64 {
@@ -335,6 +416,55 @@ impl LinkKey {
             (r - self.given.saturating_sub(seen) as f64).max(0.0)
         })
     }
+}
+
+/// Splits one send's key entries over as many messages as needed so that each encodes to at
+/// most `cap` bytes (a UDP datagram holds 65,507). The first message carries everything
+/// else (ledger, settlement traffic, verdict, succession); the others repeat only the
+/// header (incarnations, clocks, lifecycle, acknowledgements), which is idempotent.
+///
+/// Why a split is safe: every entry carries its key's whole monotone counters and nothing
+/// relates two keys (each key is its own ledger, conserved on its own), so a receiver that
+/// gets some of the parts applies exactly the keys it got, a lost part is a lost message for
+/// its keys only (it only delays), and parts may arrive in any order or twice (seed 003 §IV).
+/// Retirement lists ("Idle keys") travel in the first part: they refer to counters, not to
+/// the entries beside them. What is not split: a ledger or settlement replies larger than `cap` (their bases and
+/// entries grow only with keys touched by an inheritance) still go out as one message.
+fn split(head: Message, keys: Vec<KeyEntry>, cap: usize) -> Vec<Message> {
+    // Room for the key count's varint growing from 1 byte to at most 5.
+    const COUNT_SLACK: usize = 4;
+    let entries: usize = keys.iter().map(wire::key_entry_len).sum();
+    let head_len = wire::encoded_len(&head);
+    if head_len + entries + COUNT_SLACK <= cap || keys.len() <= 1 {
+        return vec![Message { keys, ..head }];
+    }
+    let rest = Message {
+        dead_verdict: 0,
+        ledger: None,
+        keys: Vec::new(),
+        settle_requests: Vec::new(),
+        settle_replies: Vec::new(),
+        succession: None,
+        retire: Vec::new(),
+        retired: Vec::new(),
+        confirm: Vec::new(),
+        ..head.clone()
+    };
+    let rest_len = wire::encoded_len(&rest);
+    let mut out = Vec::new();
+    let mut cur = head;
+    let mut budget = cap.saturating_sub(head_len + COUNT_SLACK);
+    for e in keys {
+        let len = wire::key_entry_len(&e);
+        if !cur.keys.is_empty() && len > budget {
+            out.push(std::mem::replace(&mut cur, rest.clone()));
+            budget = cap.saturating_sub(rest_len + COUNT_SLACK);
+        }
+        budget = budget.saturating_sub(len);
+        cur.keys.push(e);
+    }
+    out.push(cur);
+    out
 }
 
 /// A change of a relay request worth a reactive message: it appears, vanishes, or moves
@@ -354,6 +484,10 @@ struct KeyState {
     demand: DemandFilter,
     links: BTreeMap<NodeId, LinkKey>,
     enforced: Option<u64>,
+    /// Since when the demand estimate has been below one unit.
+    idle_since: Option<Nanos>,
+    /// Idle for at least `Config::idle_after`.
+    quiet: bool,
 }
 
 impl KeyState {
@@ -371,6 +505,8 @@ impl KeyState {
 struct Frozen {
     counters: BTreeMap<Key, (u64, u64)>,
     version: u64,
+    /// Our incarnation that froze the link (its counters are that incarnation's).
+    by_inc: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +520,10 @@ struct Ward {
 #[derive(Debug, Clone)]
 struct Settlement {
     ward: Ward,
+    /// Our ledger version that records the start (the ward gone from our wards). Nobody
+    /// hears of the settlement — no request, no succession notice — before our heir holds
+    /// it (see [`Node::announced`]).
+    version: u64,
     waiting: BTreeSet<NodeId>,
     /// Per key `Σ (F − S)`.
     terms: BTreeMap<Key, i128>,
@@ -416,7 +556,8 @@ pub struct Node {
     dead_floor: BTreeMap<NodeId, u64>,
     leave_started: Option<Nanos>,
     /// Pending succession notices: ward → the dead heir `(node, incarnation)` we replace.
-    successions: BTreeMap<NodeId, (NodeId, u64)>,
+    /// With the ledger version recording the settlement that produced them.
+    successions: BTreeMap<NodeId, ((NodeId, u64), u64)>,
     /// This incarnation may have forgotten counters of an earlier one (restart,
     /// reincarnation): it cannot vouch for links it has no record of.
     amnesiac: bool,
@@ -424,6 +565,8 @@ pub struct Node {
     heir: Option<NodeId>,
     outbox: Vec<Outgoing>,
     last_tick: Option<Nanos>,
+    /// Keys reclaimed since the last [`Node::ready`].
+    reclaimed: Vec<Key>,
 }
 
 impl Node {
@@ -485,6 +628,7 @@ impl Node {
             successions: BTreeMap::new(),
             outbox: Vec::new(),
             last_tick: None,
+            reclaimed: Vec::new(),
             cfg,
         })
     }
@@ -505,6 +649,9 @@ impl Node {
             verdict: 0,
             neighbour,
             names_me_heir: false,
+            floor: 0,
+            last_sent: 0,
+            confirm: BTreeSet::new(),
         }
     }
 
@@ -624,16 +771,29 @@ impl Node {
             demand: DemandFilter::new(tau),
             links: BTreeMap::new(),
             enforced: None,
+            idle_since: None,
+            quiet: false,
         })
     }
 
     /// The demand (rate, capacity units) measured for `key` over the interval ending `now`.
+    /// Report every key of [`Node::active_keys`] each cycle, zero included: the estimate only
+    /// moves when observed. With [`Config::idle_after`] set, a zero for a key without state
+    /// creates none.
     pub fn set_demand(&mut self, now: Nanos, key: Key, rate: f64) {
+        // No demand for a key without state is what no state already says: keep it that way
+        // (a reclaimed key must not come back because the driver reports zeros).
+        if self.cfg.idle_after.is_some() && rate < 1.0 && !self.keys.contains_key(&key) {
+            return;
+        }
         self.key_mut(key).demand.observe_rate(now, rate);
     }
 
     /// `count` arrivals for `key` since the previous observation.
     pub fn observe_arrivals(&mut self, now: Nanos, key: Key, count: u64) {
+        if self.cfg.idle_after.is_some() && count == 0 && !self.keys.contains_key(&key) {
+            return;
+        }
         let period = self.cfg.cycle;
         self.key_mut(key)
             .demand
@@ -666,6 +826,7 @@ impl Node {
         Ready {
             messages: std::mem::take(&mut self.outbox),
             limits,
+            reclaimed: std::mem::take(&mut self.reclaimed),
         }
     }
 
@@ -679,11 +840,19 @@ impl Node {
         self.check_wards(now);
         self.replace_leaving_heir(now);
         self.restore_heir(now);
+        self.update_quiet(now);
         match self.lifecycle {
-            Lifecycle::Active if self.lease_state(now) != LeaseState::Expired => self.give(now),
+            Lifecycle::Active if self.lease_state(now) != LeaseState::Expired => {
+                self.give(now);
+                self.give_back(now);
+                self.propose_retirements();
+                self.reclaim();
+            }
             Lifecycle::Leaving => self.hand_over(now),
             _ => {}
         }
+        let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
+        let announced = |v: u64| no_heir || acked >= v;
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
         for p in peers {
             let Some(link) = self.links.get_mut(&p) else {
@@ -694,8 +863,11 @@ impl Node {
                 || link.names_me_heir
                 || !link.replies.is_empty()
                 || link.verdict != 0
-                || self.successions.contains_key(&p)
-                || self.settling.values().any(|s| s.waiting.contains(&p));
+                || self.successions.get(&p).is_some_and(|s| announced(s.1))
+                || self
+                    .settling
+                    .values()
+                    .any(|s| announced(s.version) && s.waiting.contains(&p));
             let mut paced = match (&mut link.pacing, link.neighbour) {
                 (Some(acc), true) => acc.on_tick(now, draw()),
                 (None, true) => true,
@@ -765,6 +937,19 @@ impl Node {
             self.heir = Some(c);
             self.lease_until = self.lease_until.max(now + self.cfg.lease);
         }
+    }
+
+    /// Whether our heir holds our ledger version `v` (or we have no heir).
+    ///
+    /// A settlement acts on others — settle requests that make the dead node's neighbours
+    /// freeze it, succession notices that move its wards to us — only once our heir holds
+    /// a ledger recording it. Otherwise, if we die before our next report, our heir settles
+    /// us with a ledger that still lists the dead node as our ward and sends it a succession
+    /// notice: a node already declared dead gets a fresh lease, and with it the power to
+    /// settle its own stale wards, which our notices have moved to us (capacity counted
+    /// twice; docs/PROTOCOL.md, "Settlements across a multi-node cut").
+    fn announced(&self, v: u64) -> bool {
+        self.heir.is_none() || self.ledger_acked >= v
     }
 
     /// The heir currently named.
@@ -876,7 +1061,7 @@ impl Node {
             let mut asks: Vec<(NodeId, f64)> = ks
                 .links
                 .iter()
-                .filter(|(p, _)| usable.contains_key(p))
+                .filter(|(p, lk)| usable.contains_key(p) && !lk.frozen())
                 .map(|(p, lk)| (*p, lk.relay_open()))
                 .filter(|a| a.1 >= 1.0)
                 .collect();
@@ -917,6 +1102,10 @@ impl Node {
                 .iter()
                 .filter_map(|(p, lk)| {
                     let w = *usable.get(p)?;
+                    // Two quiet ends only return what they owe each other ("Idle keys").
+                    if lk.frozen() || (ks.quiet && lk.peer_idle) {
+                        return None;
+                    }
                     let (ind, sat) = lk.peer?;
                     let g = law::gift(
                         &measure,
@@ -945,6 +1134,94 @@ impl Node {
         }
     }
 
+    /// Marks keys idle for `Config::idle_after` as quiet ("Idle keys").
+    fn update_quiet(&mut self, now: Nanos) {
+        let Some(after) = self.cfg.idle_after else {
+            return;
+        };
+        for ks in self.keys.values_mut() {
+            if ks.demand.estimate() < 1.0 {
+                let since = *ks.idle_since.get_or_insert(now);
+                ks.quiet = now >= since.saturating_add(after);
+            } else {
+                ks.idle_since = None;
+                ks.quiet = false;
+            }
+        }
+    }
+
+    /// Quiet keys return to each quiet neighbour what they received from it beyond what
+    /// they gave it, so every link's counters balance (`given = seen`) and every node goes
+    /// back to its base: the static split, where the key's capacity started.
+    fn give_back(&mut self, now: Nanos) {
+        if self.cfg.idle_after.is_none() {
+            return;
+        }
+        let usable = self.usable(now);
+        let reservation = self.reservation;
+        for ks in self.keys.values_mut().filter(|k| k.quiet) {
+            let mut budget = ks.own().saturating_sub(reservation);
+            for (p, lk) in &mut ks.links {
+                if budget == 0 {
+                    break;
+                }
+                if usable.contains_key(p) && lk.peer_idle && !lk.frozen() && lk.seen > lk.given {
+                    let amount = (lk.seen - lk.given).min(budget);
+                    lk.given += amount;
+                    budget -= amount;
+                }
+            }
+        }
+    }
+
+    /// Proposes retiring the counters of balanced links of quiet keys ("Idle keys").
+    fn propose_retirements(&mut self) {
+        if self.cfg.idle_after.is_none() {
+            return;
+        }
+        let next: BTreeMap<NodeId, Nanos> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.neighbour && l.inc != 0)
+            .map(|(&p, l)| (p, l.last_sent + 1))
+            .collect();
+        for ks in self.keys.values_mut().filter(|k| k.quiet) {
+            for (p, lk) in &mut ks.links {
+                if let Some(&at) = next.get(p)
+                    && !lk.frozen()
+                    && lk.peer_idle
+                    && lk.given > 0
+                    && lk.given == lk.seen
+                    && lk.acked == lk.given
+                {
+                    lk.retiring = Some(at);
+                }
+            }
+        }
+    }
+
+    /// Drops quiet keys whose state says exactly what no state says: base = the default,
+    /// every link's counters zero, nothing under way, every neighbour quiet too.
+    fn reclaim(&mut self) {
+        if self.cfg.idle_after.is_none() {
+            return;
+        }
+        let default = i64::try_from(self.default_base).unwrap_or(i64::MAX);
+        let reclaimed = &mut self.reclaimed;
+        self.keys.retain(|&k, ks| {
+            let idle = ks.quiet
+                && ks.base == default
+                && ks
+                    .links
+                    .values()
+                    .all(|lk| lk.given == 0 && lk.seen == 0 && !lk.frozen() && lk.peer_idle);
+            if idle {
+                reclaimed.push(k);
+            }
+            !idle
+        });
+    }
+
     /// Leaving: give every share, reservation included, to the heir.
     fn hand_over(&mut self, now: Nanos) {
         let Some(heir) = self.heir else { return };
@@ -956,8 +1233,10 @@ impl Node {
         }
         for ks in self.keys.values_mut() {
             let own = ks.own();
-            if own > 0 {
-                ks.links.entry(heir).or_default().given += own;
+            let lk = ks.links.entry(heir).or_default();
+            // A retirement under way ends within a round trip; hand over after it.
+            if own > 0 && !lk.frozen() {
+                lk.given += own;
             }
         }
     }
@@ -1014,13 +1293,18 @@ impl Node {
         let requests: Vec<(NodeId, u64)> = self
             .settling
             .iter()
-            .filter(|(_, s)| s.waiting.contains(&to))
+            .filter(|(_, s)| self.announced(s.version) && s.waiting.contains(&to))
             .map(|(&(n, inc), _)| (n, inc))
             .collect();
         let saturated_all =
             self.lifecycle != Lifecycle::Active || self.lease_state(now) == LeaseState::Expired;
         let measure = self.cfg.measure;
         let ledger_ack = self.wards.get(&to).map_or(0, |w| w.ledger.version);
+        let succession = self
+            .successions
+            .get(&to)
+            .copied()
+            .filter(|s| self.announced(s.1));
         let relaying = self.relaying(now);
         let usable = if relaying {
             self.usable(now)
@@ -1031,6 +1315,11 @@ impl Node {
         let Some(link) = self.links.get_mut(&to) else {
             return;
         };
+        // Strictly increasing per link (see `Link::floor`); at most a few ns ahead of `now`.
+        let sent_at = now.max(link.last_sent + 1);
+        link.last_sent = sent_at;
+        let mut retire = Vec::new();
+        let mut retired = Vec::new();
         let keys: Vec<KeyEntry> = if link.neighbour {
             self.keys
                 .iter_mut()
@@ -1042,6 +1331,12 @@ impl Node {
                     };
                     let relay = relay as f32;
                     let lk = ks.links.get(&to).copied().unwrap_or_default();
+                    if lk.retiring.is_some() {
+                        retire.push((key, lk.given));
+                    }
+                    if let Some(t) = lk.tomb {
+                        retired.push((key, t));
+                    }
                     if (relay != lk.relay_sent || lk.given != lk.given_sent)
                         && let Some(l) = ks.links.get_mut(&to)
                     {
@@ -1059,6 +1354,7 @@ impl Node {
                             || (matches!(measure, Measure::Allowed) && own as f64 >= demand),
                         relay,
                         relay_hops,
+                        idle: ks.quiet,
                     }
                 })
                 .collect()
@@ -1068,19 +1364,25 @@ impl Node {
         let message = Message {
             from_inc: self.inc,
             to_inc: link.inc,
-            sent_at: now,
+            sent_at,
             echo: link.echo,
             lifecycle: self.lifecycle,
             to_heir,
             dead_verdict: std::mem::take(&mut link.verdict),
             ledger,
-            keys,
+            keys: Vec::new(),
             settle_requests: requests,
             settle_replies: std::mem::take(&mut link.replies),
-            succession: self.successions.get(&to).copied(),
+            succession: succession.map(|s| s.0),
             ledger_ack,
+            retire,
+            retired,
+            confirm: std::mem::take(&mut link.confirm).into_iter().collect(),
         };
-        self.outbox.push(Outgoing { to, message });
+        let cap = self.cfg.max_message_bytes;
+        for message in split(message, keys, cap) {
+            self.outbox.push(Outgoing { to, message });
+        }
     }
 
     /// A message from `from`, received at `now` (this node's clock).
@@ -1099,7 +1401,24 @@ impl Node {
             self.answer_settle(from, dead, inc);
         }
         for r in &msg.settle_replies {
-            self.take_reply(from, msg.from_inc, r);
+            self.take_reply(from, r);
+        }
+        // Our heir's verdict on us stands even when that heir's incarnation is dead to us (its
+        // own heir is settling it and asked us for our counters with it): it settled us
+        // before it died, and whoever inherits its estate may hold ours. Ignoring the
+        // verdict would leave us holding a share that is also counted there (see
+        // docs/PROTOCOL.md, "Settlements across a multi-node cut"). Reincarnating only
+        // drops capacity, so obeying an authentic verdict is always safe.
+        if Some(from) == self.heir && msg.dead_verdict >= self.inc {
+            self.reincarnate(now, msg.dead_verdict);
+            return;
+        }
+        // The same verdict from our dead heir's successor (it read it in the dead heir's
+        // ledger): the succession it comes with must not revive a settled incarnation.
+        if msg.succession.is_some_and(|(h, _)| Some(h) == self.heir) && msg.dead_verdict >= self.inc
+        {
+            self.reincarnate(now, msg.dead_verdict);
+            return;
         }
         if msg.from_inc <= self.dead_floor.get(&from).copied().unwrap_or(0) {
             // A dead incarnation: tell it, if we are the heir that settled it.
@@ -1140,6 +1459,10 @@ impl Node {
         }
         let fresh = {
             let link = self.link_entry(from, now, false);
+            if link.inc != msg.from_inc {
+                // Another incarnation (another clock, fresh counters): no floor yet.
+                link.floor = 0;
+            }
             link.inc = msg.from_inc;
             link.last_recv = Some(link.last_recv.map_or(now, |t| t.max(now)));
             link.echo = link.echo.max(msg.sent_at);
@@ -1210,6 +1533,15 @@ impl Node {
                         self.send(from, now);
                     }
                 }
+                // A later part of a split message (the ledger travels in the first): the ward
+                // still names us; it is alive.
+                None if msg.to_heir => {
+                    if let Some(w) = self.wards.get_mut(&from)
+                        && w.inc == msg.from_inc
+                    {
+                        w.last_recv = w.last_recv.max(now);
+                    }
+                }
                 // It named another heir: not ours to settle any more.
                 _ => {
                     self.wards.remove(&from);
@@ -1225,12 +1557,33 @@ impl Node {
             return;
         }
         let mut news = false;
-        for e in &msg.keys {
+        let stale = self.retirements(from, &msg);
+        for e in msg.keys.iter().filter(|_| !stale) {
+            // A quiet key the sender holds nothing of on this link costs us no state.
+            if e.idle
+                && e.given == 0
+                && e.seen == 0
+                && !(e.relay.is_finite() && e.relay >= 1.0)
+                && !self.keys.contains_key(&e.key)
+            {
+                continue;
+            }
             let ks = self.key_mut(e.key);
             let lk = ks.links.entry(from).or_default();
+            if fresh {
+                lk.peer_idle = e.idle;
+            }
+            if lk.tomb.is_some() {
+                // Counters of the retired generation may still be in this message.
+                continue;
+            }
             if e.given > lk.seen {
                 lk.seen = e.given;
                 news = true;
+                // A gift of the retiring generation: the peer's `given` was never our `c`
+                // since we proposed, and never will be, so it cannot match (and a peer that
+                // matched gives nothing more in that generation): end the round.
+                lk.retiring = None;
             }
             if e.seen <= lk.given {
                 lk.acked = lk.acked.max(e.seen);
@@ -1244,6 +1597,9 @@ impl Node {
                 ));
                 lk.relay = relay;
             }
+        }
+        if !stale {
+            self.match_retirements(from, &msg);
         }
         // Seed 004: news is answered at once where tokens allow. A reply to the sender, a
         // relay gift to whoever asked (so capacity crosses several hops within one cycle),
@@ -1278,6 +1634,76 @@ impl Node {
         }
     }
 
+    /// Confirmations and acknowledgements of retirements in a message from `from` ("Idle
+    /// keys"); returns whether the message is older than the link's floor (its counters and
+    /// proposals are then ignored).
+    fn retirements(&mut self, from: NodeId, msg: &Message) -> bool {
+        let mut floor = self.links.get(&from).map_or(0, |l| l.floor);
+        let stale = msg.sent_at < floor;
+        let mut confirm = Vec::new();
+        // The peer reset after acknowledging our proposal: its entries are fresh from here.
+        for k in &msg.confirm {
+            if let Some(lk) = self.keys.get_mut(k).and_then(|ks| ks.links.get_mut(&from))
+                && lk.tomb.is_some_and(|t| msg.sent_at > t)
+            {
+                lk.tomb = None;
+                floor = floor.max(msg.sent_at);
+            }
+        }
+        // The peer matched our proposal and reset: reset ours (they are `c, c` — we gave
+        // nothing since proposing, and it gave nothing since matching) and confirm.
+        for &(k, at) in &msg.retired {
+            let lk = self.keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&from));
+            match lk {
+                Some(lk) if lk.retiring.is_some_and(|t0| at >= t0) => {
+                    if lk.given != lk.seen {
+                        // Cannot happen (see above); never confirm what we did not reset.
+                        continue;
+                    }
+                    *lk = LinkKey {
+                        peer: lk.peer,
+                        peer_idle: lk.peer_idle,
+                        ..LinkKey::default()
+                    };
+                    // Older messages of the peer may carry the retired counters.
+                    floor = floor.max(msg.sent_at);
+                }
+                // An acknowledgement of a round we already finished (we reset then, by its
+                // acknowledgement or by matching the peer's own proposal): our
+                // confirmation was lost, send it again.
+                _ => {}
+            }
+            confirm.push(k);
+        }
+        if let Some(l) = self.links.get_mut(&from) {
+            l.floor = floor;
+            l.confirm.extend(confirm);
+        }
+        stale
+    }
+
+    /// Retirement proposals from `from`: match those whose counters are exactly ours.
+    fn match_retirements(&mut self, from: NodeId, msg: &Message) {
+        for &(k, c) in &msg.retire {
+            if let Some(lk) = self.keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&from))
+                && lk.tomb.is_none()
+                && c > 0
+                && lk.given == c
+                && lk.seen == c
+            {
+                // Both ends hold `given = seen = c`: nothing in flight either way, and the
+                // net of the link is zero, so zeroing the counters changes no share, no
+                // base and no settlement estimate. Our own proposal, if any, ends here.
+                *lk = LinkKey {
+                    peer: lk.peer,
+                    peer_idle: lk.peer_idle,
+                    tomb: Some(msg.sent_at),
+                    ..LinkKey::default()
+                };
+            }
+        }
+    }
+
     fn link_entry(&mut self, peer: NodeId, now: Nanos, neighbour: bool) -> &mut Link {
         let cfg = &self.cfg;
         let link = self
@@ -1301,6 +1727,8 @@ impl Node {
         link.inc = 0;
         link.echo = 0;
         link.indicator_at = 0;
+        link.floor = 0;
+        link.confirm.clear();
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
             if let Some(lk) = ks.links.remove(&peer) {
@@ -1317,6 +1745,7 @@ impl Node {
             Frozen {
                 counters: rec,
                 version,
+                by_inc: self.inc,
             },
         );
     }
@@ -1328,6 +1757,7 @@ impl Node {
         if self.links.get(&dead).is_some_and(|l| l.inc == inc) {
             self.freeze(dead, inc);
         }
+        let mut replier_incarnation = self.inc;
         let entries: Vec<(Key, u64, u64)> = match self.frozen.get(&(dead, inc)) {
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
@@ -1340,7 +1770,10 @@ impl Node {
                 self.held.insert((heir, dead, inc));
                 return;
             }
-            Some(r) => r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+            Some(r) => {
+                replier_incarnation = r.by_inc;
+                r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
+            }
             // No record: we never exchanged capacity with that incarnation, unless we lost
             // our memory (restarted or reincarnated); then stay silent rather than guess.
             None if !self.amnesiac => Vec::new(),
@@ -1354,11 +1787,12 @@ impl Node {
         link.replies.push(SettleReply {
             dead,
             incarnation: inc,
+            replier_incarnation,
             entries,
         });
     }
 
-    fn take_reply(&mut self, from: NodeId, from_inc: u64, r: &SettleReply) {
+    fn take_reply(&mut self, from: NodeId, r: &SettleReply) {
         let Some(s) = self.settling.get_mut(&(r.dead, r.incarnation)) else {
             return;
         };
@@ -1366,7 +1800,11 @@ impl Node {
             return;
         }
         // The dead node froze this very link itself and reported it folded into its base.
-        let folded = s.ward.ledger.folded.contains(&(from, from_inc));
+        let folded = s
+            .ward
+            .ledger
+            .folded
+            .contains(&(from, r.replier_incarnation));
         for &(k, f, sv) in r.entries.iter().filter(|_| !folded) {
             *s.terms.entry(k).or_insert(0) += i128::from(f) - i128::from(sv);
         }
@@ -1404,6 +1842,12 @@ impl Node {
             return;
         };
         let inc = ward.inc;
+        // The settlement is part of our ledger from now on (the ward is gone from our wards
+        // and listed as settled: whoever inherits from us tells it, rather than reviving it
+        // with a succession notice); see `announced`. A verdict before the estate is in is
+        // safe: it only makes the ward drop what it holds.
+        self.ledger_version += 1;
+        let version = self.ledger_version;
         if self.links.get(&n).is_some_and(|l| l.inc == inc) {
             self.freeze(n, inc);
         }
@@ -1433,14 +1877,25 @@ impl Node {
             let e = self.settled.entry(w).or_insert(0);
             *e = (*e).max(wi);
         }
-        for &w in &ward.ledger.wards {
+        // Its neighbours too: one that named it heir after its last report is not in its
+        // wards, and would wait for ever on a heir that is dead to it (a succession notice
+        // only moves a node whose heir is the dead one). A neighbour it had settled gets the
+        // verdict instead (it cannot hear it from the dead node any more).
+        let targets: BTreeSet<NodeId> = ward
+            .ledger
+            .wards
+            .iter()
+            .copied()
+            .filter(|&w| w != n)
+            .collect();
+        for w in targets {
             // We settle our own heir only when it restarted: keep it (its new incarnation).
             if w != me {
                 // A verdict only reaches the incarnation it names (or an older one).
                 if let Some(&(_, wi)) = ward.ledger.settled.iter().find(|s| s.0 == w) {
                     self.link_entry(w, 0, false).verdict = wi;
                 }
-                self.successions.insert(w, (n, inc));
+                self.successions.insert(w, ((n, inc), version));
                 self.link_entry(w, 0, false);
             }
         }
@@ -1448,6 +1903,7 @@ impl Node {
             (n, inc),
             Settlement {
                 ward,
+                version,
                 waiting,
                 terms,
             },
@@ -1541,6 +1997,18 @@ impl Node {
             l.indicator_at = 0;
             l.verdict = 0;
             l.replies.clear();
+            l.floor = 0;
+            l.confirm.clear();
+        }
+        // Answers held until our heir held our folded ledger can go now: the old
+        // incarnation's estate is final (its heir settled it before telling us), and a dead
+        // neighbour's heir waits for them (otherwise the cut never settles: it waits for us,
+        // we wait for an acknowledgement from a heir that is itself dead to us). The replies
+        // name the incarnation that froze the link, so a dead node that folded the link is
+        // not counted twice.
+        self.ledger_acked = self.ledger_version;
+        for (asker, dead, inc) in std::mem::take(&mut self.held) {
+            self.answer_settle(asker, dead, inc);
         }
         let _ = now;
     }

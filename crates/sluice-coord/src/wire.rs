@@ -9,7 +9,8 @@ pub type NodeId = u32;
 /// A dynamic limit key (a hashed IP, a tenant id).
 pub type Key = u64;
 
-const VERSION: u8 = 1;
+/// 2: settlement replies name the replier's incarnation.
+const VERSION: u8 = 2;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,6 +85,9 @@ pub struct KeyEntry {
     pub relay: f32,
     /// Hops from the node whose unmet demand the relay request carries (0: the sender's own).
     pub relay_hops: u8,
+    /// The key has been idle at the sender for `Config::idle_after` (see [`crate::node`]
+    /// "Idle keys").
+    pub idle: bool,
 }
 
 /// A neighbour's final counters with a dead incarnation, for its heir.
@@ -93,6 +97,11 @@ pub struct SettleReply {
     pub dead: NodeId,
     /// Its dead incarnation.
     pub incarnation: u64,
+    /// The replier's incarnation whose link with the dead one these counters are. Usually
+    /// the sender's current one; an older one when the replier was itself declared dead and
+    /// reincarnated after freezing the link. The heir needs it to tell whether the dead node
+    /// already folded this very link into its base (`Ledger::folded`).
+    pub replier_incarnation: u64,
     /// Per key: `(key, F = given to the dead, S = received from the dead)`.
     pub entries: Vec<(Key, u64, u64)>,
 }
@@ -126,6 +135,15 @@ pub struct Message {
     pub succession: Option<(NodeId, u64)>,
     /// From an heir: the version of the receiver's ledger it holds.
     pub ledger_ack: u64,
+    /// Idle-key retirement proposals `(key, c)`: the sender's counters on this link for the
+    /// key are `given = seen = c` and frozen (see [`crate::node`] "Idle keys").
+    pub retire: Vec<(Key, u64)>,
+    /// Acknowledgements `(key, sent_at of the proposal matched)`: the sender reset its
+    /// counters for the key to zero.
+    pub retired: Vec<(Key, u64)>,
+    /// Confirmations: the sender reset its counters for these keys after an
+    /// acknowledgement (it sends none older than this message any more).
+    pub confirm: Vec<Key>,
 }
 
 /// Why bytes could not be decoded.
@@ -218,10 +236,10 @@ pub fn encode(m: &Message) -> Vec<u8> {
         put(&mut out, e.given);
         put(&mut out, e.seen);
         out.extend_from_slice(&e.indicator.to_le_bytes());
-        // Flags: bit 0 saturated, bit 1 a relay request follows (absent when 0, so an
+        // Flags: bit 0 saturated, bit 2 idle, bit 1 a relay request follows (absent when 0, so an
         // entry without one costs no extra byte).
         let relay = e.relay.is_finite() && e.relay > 0.0;
-        out.push(u8::from(e.saturated) | (u8::from(relay) << 1));
+        out.push(u8::from(e.saturated) | (u8::from(relay) << 1) | (u8::from(e.idle) << 2));
         if relay {
             out.extend_from_slice(&e.relay.to_le_bytes());
             out.push(e.relay_hops);
@@ -236,6 +254,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
     for r in &m.settle_replies {
         put(&mut out, u64::from(r.dead));
         put(&mut out, r.incarnation);
+        put(&mut out, r.replier_incarnation);
         put(&mut out, r.entries.len() as u64);
         for &(k, f, s) in &r.entries {
             put(&mut out, k);
@@ -250,6 +269,17 @@ pub fn encode(m: &Message) -> Vec<u8> {
             put(&mut out, u64::from(n));
             put(&mut out, inc);
         }
+    }
+    for list in [&m.retire, &m.retired] {
+        put(&mut out, list.len() as u64);
+        for &(k, v) in list {
+            put(&mut out, k);
+            put(&mut out, v);
+        }
+    }
+    put(&mut out, m.confirm.len() as u64);
+    for &k in &m.confirm {
+        put(&mut out, k);
     }
     out
 }
@@ -350,7 +380,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         }
         let at = r.at;
         let flags = r.byte()?;
-        if flags > 3 {
+        if flags > 7 {
             return Err(WireError::Tag { tag: flags, at });
         }
         let (relay, relay_hops) = if flags & 2 != 0 {
@@ -369,6 +399,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
             seen,
             indicator,
             saturated: flags & 1 != 0,
+            idle: flags & 4 != 0,
             relay,
             relay_hops,
         });
@@ -378,11 +409,12 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
     for _ in 0..n {
         settle_requests.push((r.id()?, r.var()?));
     }
-    let n = r.count(3)?;
+    let n = r.count(4)?;
     let mut settle_replies = Vec::with_capacity(n);
     for _ in 0..n {
         let dead = r.id()?;
         let incarnation = r.var()?;
+        let replier_incarnation = r.var()?;
         let m = r.count(3)?;
         let mut entries = Vec::with_capacity(m);
         for _ in 0..m {
@@ -391,6 +423,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         settle_replies.push(SettleReply {
             dead,
             incarnation,
+            replier_incarnation,
             entries,
         });
     }
@@ -400,6 +433,21 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         1 => Some((r.id()?, r.var()?)),
         tag => return Err(WireError::Tag { tag, at }),
     };
+    let mut pairs = || -> Result<Vec<(Key, u64)>, WireError> {
+        let n = r.count(2)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push((r.var()?, r.var()?));
+        }
+        Ok(v)
+    };
+    let retire = pairs()?;
+    let retired = pairs()?;
+    let n = r.count(1)?;
+    let mut confirm = Vec::with_capacity(n);
+    for _ in 0..n {
+        confirm.push(r.var()?);
+    }
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
     }
@@ -417,7 +465,35 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         settle_replies,
         succession,
         ledger_ack,
+        retire,
+        retired,
+        confirm,
     })
+}
+
+/// Bytes a varint takes.
+fn varint_len(v: u64) -> usize {
+    (64 - v.leading_zeros() as usize).div_ceil(7).max(1)
+}
+
+/// Bytes `e` takes in an encoded message's key list (exactly what [`encode`] writes).
+#[must_use]
+pub fn key_entry_len(e: &KeyEntry) -> usize {
+    let relay = e.relay.is_finite() && e.relay > 0.0;
+    varint_len(e.key) + varint_len(e.given) + varint_len(e.seen) + 4 + 1 + if relay { 5 } else { 0 }
+}
+
+/// Bytes [`encode`] writes for `m`.
+#[must_use]
+pub fn encoded_len(m: &Message) -> usize {
+    // The header is small next to the keys; encoding it once is exact and simple.
+    let head = Message {
+        keys: Vec::new(),
+        ..m.clone()
+    };
+    encode(&head).len() - 1
+        + varint_len(m.keys.len() as u64)
+        + m.keys.iter().map(key_entry_len).sum::<usize>()
 }
 
 fn put(out: &mut Vec<u8>, mut v: u64) {

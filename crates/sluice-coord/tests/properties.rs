@@ -95,15 +95,12 @@ proptest! {
     }
 
     /// Several nodes cut off together (a group on one side, heirs inside and outside it):
-    /// Σ enforced ≤ L at every event (strict modes), Σ own ≤ L at the end.
-    ///
-    /// KNOWN GAP, ignored so CI stays green: with 500 cases it finds a run (5-node ring, 45 %
-    /// loss, a group cut and healed; case saved in `properties.proptest-regressions`) whose
-    /// shares add up to MORE than L after the heal — capacity counted twice by a settlement
-    /// across a multi-node cut. It fails with the relay off too (`Config::relay = false`), so
-    /// it predates the relay. Run with `cargo test --test properties -- --ignored`.
+    /// Σ enforced ≤ L at every event (strict modes), Σ own ≤ L at the end (seed 003 §IV:
+    /// "no local limiter gains or loses extra capacity"). This found the chained-settlement
+    /// deadlock across a multi-node cut (regression case in `properties.proptest-regressions`,
+    /// minimal scenario `chained_settlement_across_a_group_cut_counts_nothing_twice` in
+    /// `scenarios.rs`, explanation in docs/PROTOCOL.md).
     #[test]
-    #[ignore = "known gap: multi-node partitions can count capacity twice (see doc comment)"]
     fn safety_under_group_partitions(
         n in 4u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
         delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
@@ -133,8 +130,117 @@ proptest! {
     #[test]
     fn encode_decode_round_trip(m in message()) {
         let bytes = wire::encode(&m);
+        prop_assert_eq!(wire::encoded_len(&m), bytes.len());
         prop_assert_eq!(wire::decode(&bytes).unwrap(), m);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Issue 3 §7: limits per dynamic key appear and disappear at run time. Random keys get
+    /// busy at random nodes and go quiet again, under loss, duplication and reordering: Σ own
+    /// ≤ L and Σ enforced ≤ L for every key after every cycle (seed 003 §IV). Once every key
+    /// has been idle long enough, every node holds no key state at all, and every key is back
+    /// at its static split exactly (nothing lost, nothing counted twice).
+    #[test]
+    fn idle_keys_are_reclaimed_and_conserve(
+        n in 3u32..6, dense in any::<bool>(), loss in 0.0f64..0.3, dup in 0.0f64..0.2,
+        delay in 0u64..2, seed in any::<u64>(), relay in any::<bool>(),
+        waves in prop::collection::vec((0u64..6, 0u32..6, 0.0f64..600_000.0, 1u64..12), 1..10),
+    ) {
+        let edges = if dense { complete(n) } else { ring(n) };
+        let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
+            let d: f64 = links.iter().map(|l| l.1).sum();
+            let mut c = Config::new(id, (0..n).collect(), links, LIMIT);
+            c.gamma = 1.0 / (2.0 * d);
+            c.cycle = CYCLE;
+            c.lease = 10 * CYCLE;
+            c.demand_tau = CYCLE;
+            c.relay = relay;
+            c.idle_after = Some(5 * CYCLE);
+            if seed & 1 == 1 {
+                c.pacing = Some(sluice_coord::pacing::Strategy::simple(2));
+            }
+            c
+        };
+        let net = NetConfig { loss, dup, max_delay: delay * CYCLE };
+        let mut c = Cluster::new(n, &edges, make, net, seed).unwrap();
+        let keys: Vec<u64> = (0..6).map(|k| 100 + k).collect();
+        let check = |c: &Cluster| -> Result<(), TestCaseError> {
+            for &k in &keys {
+                prop_assert!(c.sum_own(k) <= LIMIT, "key {} Σ own {} at t={}", k, c.sum_own(k), c.now());
+            }
+            prop_assert!(c.violations.is_empty(), "{:?}", c.violations);
+            Ok(())
+        };
+        let busy = waves.iter().any(|w| w.2 >= 1_000.0);
+        let mut max_held = 0;
+        for (k, i, rate, dur) in waves {
+            c.apply(Step::SetDemand(i % n, keys[k as usize], rate));
+            for _ in 0..dur {
+                c.apply(Step::Run(1));
+                check(&c)?;
+                let held: usize = (0..n).map(|i| c.node(i).unwrap().active_keys().count()).sum();
+                max_held = max_held.max(held);
+            }
+            // The key goes quiet again, at random later or at once.
+            if rate > 300_000.0 {
+                c.apply(Step::SetDemand(i % n, keys[k as usize], 0.0));
+            }
+        }
+        prop_assert!(max_held > 0 || !busy, "the waves created key state");
+        for &k in &keys {
+            for i in 0..n {
+                c.apply(Step::SetDemand(i, k, 0.0));
+            }
+        }
+        for _ in 0..150 {
+            c.apply(Step::Run(1));
+            check(&c)?;
+        }
+        // The last messages get through.
+        c.set_net(NetConfig::perfect());
+        for _ in 0..60 {
+            c.apply(Step::Run(1));
+            check(&c)?;
+        }
+        for i in 0..n {
+            let held = c.node(i).unwrap().active_keys().count();
+            prop_assert_eq!(held, 0, "node {} still holds {} keys", i, held);
+        }
+        for &k in &keys {
+            prop_assert_eq!(c.sum_own(k), LIMIT, "key {}", k);
+        }
+    }
+}
+
+/// KNOWN GAP (liveness, not safety), found by `conservation_under_network_faults`: under
+/// 47 % loss node 0 declares its ward 5 dead (a false suspicion: nothing crashed) before 5's
+/// ledger ever listed node 4, which names 5 its heir. Node 0 asks 4 for its counters with 5;
+/// 4 freezes its link with its own heir and holds the answer until that heir acknowledges its
+/// folded ledger, which a dead heir never does, and no succession notice reaches 4 (5's
+/// ledger did not list it). The settlement of 5 never ends: Σ own stays below L (nothing is
+/// counted twice; Σ enforced ≤ L holds throughout). Sending the notice to the dead node's
+/// neighbours as well fixes this run but, combined with settlements the dead node had started
+/// and not reported, revives nodes whose estates a zombie ledger still holds; see
+/// docs/PROTOCOL.md. Ignored so CI stays green; run with `-- --ignored`.
+#[test]
+#[ignore = "known gap: a ward its dead heir never listed waits for ever (see doc comment)"]
+fn ward_unknown_to_its_dead_heir_is_settled_exactly() {
+    let r = run_scenario(
+        6,
+        false,
+        0.469_717_196_691_569_8,
+        0.053_787_698_107_222_746,
+        2,
+        false,
+        4_763_440_675_387_436_351,
+        vec![Event::Run(1)],
+        &[0.5; 6],
+        true,
+    );
+    assert!(r.is_ok(), "{r:?}");
 }
 
 /// Crashes, restarts and one-node partitions mixed, on top of the network faults: Σ enforced
@@ -272,9 +378,10 @@ fn message() -> impl Strategy<Value = Message> {
         any::<bool>(),
         // A relay request is sent only when positive (0 means none).
         prop_oneof![Just((0.0f32, 0u8)), (1e-3f32..1e9, any::<u8>())],
+        any::<bool>(),
     )
         .prop_map(
-            |(key, given, seen, indicator, saturated, (relay, relay_hops))| KeyEntry {
+            |(key, given, seen, indicator, saturated, (relay, relay_hops), idle)| KeyEntry {
                 key,
                 given,
                 seen,
@@ -282,6 +389,7 @@ fn message() -> impl Strategy<Value = Message> {
                 saturated,
                 relay,
                 relay_hops,
+                idle,
             },
         );
     let part = prop_oneof![
@@ -311,13 +419,17 @@ fn message() -> impl Strategy<Value = Message> {
     let reply = (
         any::<u32>(),
         any::<u64>(),
+        any::<u64>(),
         prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..3),
     )
-        .prop_map(|(dead, incarnation, entries)| SettleReply {
-            dead,
-            incarnation,
-            entries,
-        });
+        .prop_map(
+            |(dead, incarnation, replier_incarnation, entries)| SettleReply {
+                dead,
+                incarnation,
+                replier_incarnation,
+                entries,
+            },
+        );
     let life = prop_oneof![
         Just(Lifecycle::Joining),
         Just(Lifecycle::Active),
@@ -340,6 +452,11 @@ fn message() -> impl Strategy<Value = Message> {
         prop::collection::vec(reply, 0..2),
         prop::option::of((any::<u32>(), any::<u64>())),
         any::<u64>(),
+        (
+            prop::collection::vec((any::<u64>(), any::<u64>()), 0..3),
+            prop::collection::vec((any::<u64>(), any::<u64>()), 0..3),
+            prop::collection::vec(any::<u64>(), 0..3),
+        ),
     )
         .prop_map(
             |(
@@ -352,6 +469,7 @@ fn message() -> impl Strategy<Value = Message> {
                 settle_replies,
                 succession,
                 ledger_ack,
+                (retire, retired, confirm),
             )| {
                 Message {
                     from_inc,
@@ -367,6 +485,9 @@ fn message() -> impl Strategy<Value = Message> {
                     settle_replies,
                     succession,
                     ledger_ack,
+                    retire,
+                    retired,
+                    confirm,
                 }
             },
         )
