@@ -12,13 +12,32 @@
 //!
 //! On shutdown the node leaves gracefully (hands its capacity to its heir) before
 //! returning, so the survivors keep the whole limit.
+//!
+//! Two duties of the driver itself (not of the protocol):
+//!
+//! * **The lease ends on time.** The node's enforced limit drops to its fallback the instant
+//!   its lease ends (seed 003 §IV: the holder must stop before the heir starts). A node only
+//!   recomputes its limits when it is driven, so the driver arms a timer at the end of the
+//!   lease instead of waiting for the next cycle, and applies the limits it would enforce
+//!   [`EXPIRY_GUARD`] later, so a timer that fires late (timer granularity, a busy runtime)
+//!   still stops in time. Without it, a node cut off from its heir would keep enforcing its
+//!   share until its next tick — up to a cycle past the end of its lease, when its heir may
+//!   already have inherited it (the heir waits only `lease·(1+ρ)²`, seed 003 §IV).
+//! * **`gamma: auto` follows membership.** γ* = 2/(λ₂+λₙ) (seed 000 Thm 2) depends on the
+//!   graph; when a peer stops being heard for a lease (crash, partition, graceful leave) or
+//!   is heard again, the driver recomputes γ* on the graph induced on the members it hears,
+//!   capped by the stability bound of its degree to them (seed 003 eq. 15), logs it and
+//!   reports it in `/v1/cluster` (`gamma_auto`).
+//!
+//! The socket is anything that implements [`Transport`]: the tokio UDP socket in production,
+//! a simulated network in the partition tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_coord::law::Measure;
@@ -28,9 +47,10 @@ use sluice_coord::testing::Rng;
 use sluice_coord::wire::{self, Lifecycle, NodeId};
 use sluice_graph::{Topology, auto_gamma};
 use tokio::net::UdpSocket;
+use tokio::time::Instant;
 
 use crate::engine::Engine;
-use crate::peer::{self, MAX_DATAGRAM, PeerKey};
+use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
 use crate::shares::{SCALE, Shares, scaled};
 use crate::status::{ClusterInfo, ClusterStatus, KeyShareStatus, MemberStatus, PeerCounters};
 
@@ -114,18 +134,38 @@ pub enum ClusterError {
     Io(#[from] std::io::Error),
 }
 
+/// How much earlier than its lease's end a node stops enforcing shared capacity, at most
+/// (an eighth of the lease if that is shorter). Covers a timer that fires late: tokio's
+/// timers have millisecond granularity, and a busy runtime polls the driver late.
+pub const EXPIRY_GUARD: Duration = Duration::from_millis(5);
+
 /// A running node's cluster state, shared by the driver task and the status readers.
+///
+/// `T` is the datagram socket ([`Transport`]): the tokio UDP socket unless a test says
+/// otherwise.
 #[derive(Debug)]
-pub struct Cluster {
+pub struct Cluster<T: Transport = UdpSocket> {
     node: Mutex<Driven>,
     shares: Arc<Shares>,
-    socket: UdpSocket,
+    socket: T,
     peers: BTreeMap<NodeId, PeerSpec>,
     key: PeerKey,
     me: NodeId,
     start: Instant,
     counters: Counters,
     cycle: Duration,
+    /// Nanoseconds added to `now` when computing what to enforce ([`EXPIRY_GUARD`]).
+    guard: u64,
+    /// `Some` for `gamma: auto`: what γ* is computed from.
+    auto: Option<AutoGamma>,
+}
+
+/// What `gamma: auto` needs to recompute γ* when membership changes.
+#[derive(Debug, Clone)]
+struct AutoGamma {
+    /// The communication graph over every member (node ids).
+    edges: Vec<(NodeId, NodeId, f64)>,
+    measure: Measure,
 }
 
 #[derive(Debug)]
@@ -135,6 +175,12 @@ struct Driven {
     last_tick: u64,
     /// Rule limits of the keys seen here (for the status page).
     rules: BTreeMap<u64, u64>,
+    /// The members heard within a lease (this node included) when γ* was last computed.
+    live: BTreeSet<NodeId>,
+    /// γ* for `live` (`gamma: auto` only).
+    gamma_auto: Option<f64>,
+    /// When the lease ends, if it is running (this node's clock, guard included).
+    expiry: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -147,52 +193,123 @@ struct Counters {
     rejected_malformed: AtomicU64,
 }
 
-/// The gain for `spec`: see [`Gamma`].
+/// The communication graph `gamma: auto` works on: the configured topology, or every
+/// member linked to every other with weight 1.
+fn auto_edges(spec: &ClusterSpec) -> Vec<(NodeId, NodeId, f64)> {
+    match &spec.topology {
+        Some(t) => t.clone(),
+        None => {
+            let mut ids: Vec<NodeId> = spec.peers.iter().map(|p| p.id).collect();
+            ids.push(spec.node_id);
+            ids.sort_unstable();
+            let mut e = Vec::new();
+            for (i, &a) in ids.iter().enumerate() {
+                for &b in &ids[i + 1..] {
+                    e.push((a, b, 1.0));
+                }
+            }
+            e
+        }
+    }
+}
+
+/// γ* = 2/(λ₂+λₙ) (seed 000 Thm 2) of the graph `edges` induced on `live`, restricted to the
+/// component of `me`, scaled by the measure's slope and capped by seed 003 eq. 15 for
+/// `degree` (this node's weighted degree to the live neighbours). `None` when `me` has no
+/// live neighbour: there is no graph to speak of, and no one to give to.
+///
+/// With `whole`, every node of `edges` must be live and connected (the start: a
+/// disconnected configured topology is an error, not a smaller cluster).
+fn auto_gain(
+    me: NodeId,
+    live: &BTreeSet<NodeId>,
+    auto: &AutoGamma,
+    degree: f64,
+    whole: bool,
+) -> Result<Option<f64>, ClusterError> {
+    let edges: Vec<(NodeId, NodeId, f64)> = auto
+        .edges
+        .iter()
+        .copied()
+        .filter(|&(a, b, _)| whole || (live.contains(&a) && live.contains(&b)))
+        .collect();
+    // The component of `me` (whole: every node the graph names, so the spectrum sees a
+    // disconnection instead of hiding it).
+    let mut ids: BTreeSet<NodeId> = BTreeSet::from([me]);
+    if whole {
+        ids.extend(live.iter().copied());
+        ids.extend(edges.iter().flat_map(|&(a, b, _)| [a, b]));
+    } else {
+        let mut frontier = vec![me];
+        while let Some(x) = frontier.pop() {
+            for &(a, b, _) in &edges {
+                let next = if a == x {
+                    b
+                } else if b == x {
+                    a
+                } else {
+                    continue;
+                };
+                if ids.insert(next) {
+                    frontier.push(next);
+                }
+            }
+        }
+    }
+    if ids.len() < 2 {
+        return Ok(None);
+    }
+    let index: BTreeMap<NodeId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let local: Vec<(usize, usize, f64)> = edges
+        .iter()
+        .filter_map(|&(a, b, w)| Some((*index.get(&a)?, *index.get(&b)?, w)))
+        .collect();
+    let topo = Topology::from_edges(ids.len(), local)?;
+    let stable = max_gain(&auto.measure, degree);
+    Ok(Some(
+        (auto_gamma(&topo)? * auto.measure.min_slope()).min(stable),
+    ))
+}
+
+/// The gain for `spec` at start: see [`Gamma`].
 fn gain(spec: &ClusterSpec, measure: &Measure) -> Result<f64, ClusterError> {
     let degree: f64 = spec.peers.iter().map(|p| p.weight).sum();
     let stable = max_gain(measure, degree);
     match spec.gamma {
         Gamma::Fixed(g) => Ok(g),
-        Gamma::Auto if spec.peers.is_empty() => Ok(stable),
         Gamma::Auto => {
-            let mut ids: Vec<NodeId> = spec.peers.iter().map(|p| p.id).collect();
-            ids.push(spec.node_id);
-            ids.sort_unstable();
-            let index = |id: NodeId| ids.binary_search(&id).unwrap_or(0);
-            let edges: Vec<(usize, usize, f64)> = match &spec.topology {
-                Some(t) => t.iter().map(|&(a, b, w)| (index(a), index(b), w)).collect(),
-                None => {
-                    let mut e = Vec::new();
-                    for a in 0..ids.len() {
-                        for b in a + 1..ids.len() {
-                            e.push((a, b, 1.0));
-                        }
-                    }
-                    e
-                }
+            let auto = AutoGamma {
+                edges: auto_edges(spec),
+                measure: *measure,
             };
-            let topo = Topology::from_edges(ids.len(), edges)?;
-            Ok((auto_gamma(&topo)? * measure.min_slope()).min(stable))
+            let mut all: BTreeSet<NodeId> = spec.peers.iter().map(|p| p.id).collect();
+            all.insert(spec.node_id);
+            Ok(auto_gain(spec.node_id, &all, &auto, degree, true)?.unwrap_or(stable))
         }
     }
+}
+
+/// Applies a recomputed gain to the node; returns whether the node now uses it.
+///
+/// `sluice-coord`'s [`Node`] fixes γ when it is built and has no setter, so the node keeps
+/// the gain it started with (which stays stable: a smaller live degree only loosens seed
+/// 003 eq. 15). The recomputed γ* is still computed, logged and reported as `gamma_auto`.
+fn apply_gamma(_node: &mut Node, _gamma: f64) -> bool {
+    false
 }
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl Cluster {
+impl<T: Transport> Cluster<T> {
     /// Starts this node's part of the cluster: binds nothing (the caller passes `socket`),
     /// builds the node, and attaches the shares to `engine` so its cluster rules apply this
     /// node's share from now on.
     ///
     /// # Errors
     /// [`ClusterError`] for an inconsistent spec or a gain the stability bound refuses.
-    pub fn new(
-        spec: &ClusterSpec,
-        socket: UdpSocket,
-        engine: &Engine,
-    ) -> Result<Arc<Self>, ClusterError> {
+    pub fn new(spec: &ClusterSpec, socket: T, engine: &Engine) -> Result<Arc<Self>, ClusterError> {
         if spec.peers.iter().any(|p| p.id == spec.node_id) {
             return Err(ClusterError::Invalid(format!(
                 "node {} lists itself as a peer",
@@ -237,18 +354,27 @@ impl Cluster {
         cfg.fallback = spec.fallback;
         let start = Instant::now();
         let node = Node::new(cfg, 1)?;
-        let shares = Arc::new(Shares::new(node.default_enforced(1)));
+        let guard = nanos(EXPIRY_GUARD.min(spec.lease / 8));
+        let shares = Arc::new(Shares::new(node.default_enforced(1 + guard)));
         if !engine.attach_cluster(shares.clone()) {
             return Err(ClusterError::Invalid(
                 "the engine already belongs to a cluster".into(),
             ));
         }
+        let auto = matches!(spec.gamma, Gamma::Auto).then(|| AutoGamma {
+            edges: auto_edges(spec),
+            measure: node.config().measure,
+        });
+        let gamma_auto = auto.as_ref().map(|_| node.config().gamma);
         Ok(Arc::new(Self {
             node: Mutex::new(Driven {
                 node,
                 rng: Rng::new(u64::from(spec.node_id) ^ (spec.incarnation << 32)),
                 last_tick: 1,
                 rules: BTreeMap::new(),
+                live: members.iter().copied().collect(),
+                gamma_auto,
+                expiry: None,
             }),
             shares,
             socket,
@@ -258,6 +384,8 @@ impl Cluster {
             start,
             counters: Counters::default(),
             cycle: spec.cycle,
+            guard,
+            auto,
         }))
     }
 
@@ -275,9 +403,21 @@ impl Cluster {
     /// The address the peer socket is bound to.
     ///
     /// # Errors
-    /// As [`UdpSocket::local_addr`].
+    /// As [`Transport::local_addr`].
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.socket.local_addr()
+    }
+
+    /// The instant (on the runtime's clock) of this node's time `t`.
+    fn instant(&self, t: u64) -> Instant {
+        self.start + Duration::from_nanos(t.saturating_sub(1))
+    }
+
+    /// Where the lease-end timer should fire: the end of the lease less the guard, or far
+    /// away when no lease is running.
+    fn expiry_instant(&self) -> Option<Instant> {
+        let at = self.node.lock().expiry?;
+        Some(self.instant(at.saturating_sub(self.guard)))
     }
 
     /// Drives the node until `shutdown` completes, then leaves gracefully: hands every
@@ -292,11 +432,21 @@ impl Cluster {
         let mut tick = tokio::time::interval(self.cycle);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut buf = vec![0u8; MAX_DATAGRAM];
-        tokio::pin!(shutdown);
+        let expiry = tokio::time::sleep_until(self.start);
+        tokio::pin!(shutdown, expiry);
+        let mut armed = None;
         loop {
+            armed = self.rearm(expiry.as_mut(), armed);
+            // Biased: a fixed order, so a run is reproducible under a simulated clock (the
+            // partition tests), and a flood of datagrams cannot delay a tick.
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 _ = tick.tick() => self.on_tick().await,
+                () = &mut expiry, if armed.is_some() => {
+                    armed = None;
+                    self.on_expiry().await;
+                }
                 r = self.socket.recv_from(&mut buf) => {
                     if let Ok((n, _)) = r {
                         self.on_datagram(&buf[..n]).await;
@@ -304,25 +454,63 @@ impl Cluster {
                 }
             }
         }
-        self.leave(&mut tick, &mut buf).await;
+        self.leave(&mut tick, &mut buf, expiry, armed).await;
         Ok(())
     }
 
-    async fn leave(&self, tick: &mut tokio::time::Interval, buf: &mut [u8]) {
+    /// Points the lease-end timer at the current lease's end; returns where it points.
+    fn rearm(
+        &self,
+        timer: std::pin::Pin<&mut tokio::time::Sleep>,
+        armed: Option<Instant>,
+    ) -> Option<Instant> {
+        let want = self.expiry_instant();
+        if let Some(at) = want
+            && want != armed
+        {
+            timer.reset(at);
+        }
+        want
+    }
+
+    /// The lease ended (or is about to, within the guard): apply the fallback now.
+    async fn on_expiry(&self) {
+        let out = {
+            let mut d = self.node.lock();
+            let now = self.now();
+            self.collect(&mut d, now)
+        };
+        // Usually nothing: `tick` and `handle_message` sent theirs already.
+        self.send(out).await;
+    }
+
+    async fn leave(
+        &self,
+        tick: &mut tokio::time::Interval,
+        buf: &mut [u8],
+        mut expiry: std::pin::Pin<&mut tokio::time::Sleep>,
+        mut armed: Option<Instant>,
+    ) {
         let lease = {
             let mut d = self.node.lock();
             let now = self.now();
             d.node.leave(now);
             d.node.config().lease
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_nanos(lease.saturating_mul(2));
+        let deadline = Instant::now() + Duration::from_nanos(lease.saturating_mul(2));
         loop {
             if self.node.lock().node.lifecycle() == Lifecycle::Left {
                 return;
             }
+            armed = self.rearm(expiry.as_mut(), armed);
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(deadline) => return,
                 _ = tick.tick() => self.on_tick().await,
+                () = &mut expiry, if armed.is_some() => {
+                    armed = None;
+                    self.on_expiry().await;
+                }
                 r = self.socket.recv_from(buf) => {
                     if let Ok((n, _)) = r {
                         self.on_datagram(&buf[..n]).await;
@@ -337,8 +525,20 @@ impl Cluster {
             let mut d = self.node.lock();
             let now = self.now();
             let dt = now.saturating_sub(d.last_tick).max(1);
-            d.last_tick = now;
-            for h in self.shares.drain() {
+            // A rate measured over a sliver of time is noise: the first tick comes right at
+            // start, and one hit over a microsecond reads as a hundred thousand limits, which
+            // the demand filter then takes many time constants to forget. Such hits stay
+            // for the next tick.
+            let measure = dt >= nanos(self.cycle) / 2;
+            if measure {
+                d.last_tick = now;
+            }
+            let drained = if measure {
+                self.shares.drain()
+            } else {
+                Vec::new()
+            };
+            for h in drained {
                 if h.count > 0 {
                     d.rules.insert(h.key, h.count);
                 }
@@ -350,11 +550,62 @@ impl Cluster {
                 };
                 d.node.set_demand(now, h.key, rate);
             }
+            self.follow_membership(&mut d, now);
             let Driven { node, rng, .. } = &mut *d;
             node.tick(now, &mut || rng.next_f64());
-            self.collect(node, now)
+            self.collect(&mut d, now)
         };
         self.send(out).await;
+    }
+
+    /// `gamma: auto`: recomputes γ* when the set of members heard within a lease changed
+    /// (see the module documentation). Runs right before `tick`, with its `now`, so the law
+    /// never gives with a gain computed for fewer neighbours than it gives to.
+    fn follow_membership(&self, d: &mut Driven, now: u64) {
+        let Some(auto) = &self.auto else { return };
+        // Nobody is declared dead before a lease has passed; until then the configured
+        // members are the membership (and peers not heard from yet are not missing).
+        if now < d.node.config().lease {
+            return;
+        }
+        let mut live = BTreeSet::from([self.me]);
+        let mut degree = 0.0;
+        for p in self.peers.values() {
+            if matches!(
+                d.node.link_state(p.id, now),
+                Some(LinkState::Up | LinkState::Suspect)
+            ) {
+                live.insert(p.id);
+                degree += p.weight;
+            }
+        }
+        if live == d.live {
+            return;
+        }
+        let old = d.gamma_auto;
+        match auto_gain(self.me, &live, auto, degree, false) {
+            Ok(Some(g)) => {
+                d.gamma_auto = Some(g);
+                let applied = apply_gamma(&mut d.node, g);
+                tracing::info!(
+                    node = self.me,
+                    live = ?live,
+                    gamma_auto = g,
+                    previous = ?old,
+                    in_use = d.node.config().gamma,
+                    applied,
+                    "membership changed: recomputed gamma"
+                );
+            }
+            // Alone: nobody to give to, γ is moot; keep the last value.
+            Ok(None) => {
+                tracing::info!(node = self.me, live = ?live, "membership changed: no live neighbour");
+            }
+            Err(e) => {
+                tracing::warn!(node = self.me, live = ?live, error = %e, "cannot recompute gamma");
+            }
+        }
+        d.live = live;
     }
 
     async fn on_datagram(&self, datagram: &[u8]) {
@@ -391,18 +642,25 @@ impl Cluster {
             let now = self.now();
             let Driven { node, rng, .. } = &mut *d;
             node.handle_message(now, from, msg, &mut || rng.next_f64());
-            self.collect(node, now)
+            self.collect(&mut d, now)
         };
         self.send(out).await;
     }
 
-    /// Applies the node's new limits to the shares and frames its messages.
-    fn collect(&self, node: &mut Node, now: u64) -> Vec<(SocketAddr, Vec<u8>)> {
-        let ready = node.ready(now);
-        self.shares.set_default(node.default_enforced(now));
+    /// Applies the node's new limits to the shares, notes when its lease ends, and frames
+    /// its messages.
+    ///
+    /// The limits applied are those of `now + guard`: enforcement only ever drops with time
+    /// (at the lease's end), so looking ahead only stops earlier, never later.
+    fn collect(&self, d: &mut Driven, now: u64) -> Vec<(SocketAddr, Vec<u8>)> {
+        let node = &mut d.node;
+        let ahead = now.saturating_add(self.guard);
+        let ready = node.ready(ahead);
+        self.shares.set_default(node.default_enforced(ahead));
         for (key, units) in ready.limits {
             self.shares.set(key, units);
         }
+        d.expiry = lease_end(node, ahead);
         let mut out = Vec::with_capacity(ready.messages.len());
         for m in ready.messages {
             let Some(p) = self.peers.get(&m.to) else {
@@ -418,6 +676,9 @@ impl Cluster {
     }
 
     async fn send(&self, out: Vec<(SocketAddr, Vec<u8>)>) {
+        if out.is_empty() {
+            return;
+        }
         for (addr, d) in out {
             if self.socket.send_to(&d, addr).await.is_ok() {
                 self.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
@@ -427,6 +688,34 @@ impl Cluster {
             }
         }
     }
+}
+
+/// When the lease that is running at `now` ends (the first instant it reads expired),
+/// `None` if none is running (already expired, or no heir: nothing to expire).
+///
+/// The node does not expose its lease's end, only [`Node::lease_state`], a step function of
+/// time (valid, then expiring, then expired, unless a message renews it); the end is at most
+/// one lease after `now` (a lease is granted from an echo of our own past clock, or from
+/// `now`), so a binary search over that interval finds it exactly.
+fn lease_end(node: &Node, now: u64) -> Option<u64> {
+    let expired = |t: u64| node.lease_state(t) == LeaseState::Expired;
+    if expired(now) {
+        return None;
+    }
+    let (mut lo, mut hi) = (now, now.saturating_add(node.config().lease));
+    if !expired(hi) {
+        return None;
+    }
+    // Invariant: not expired at `lo`, expired at `hi`.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if expired(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 fn lifecycle_name(l: Lifecycle) -> &'static str {
@@ -446,10 +735,11 @@ fn fallback_name(f: Fallback) -> String {
     }
 }
 
-impl ClusterInfo for Cluster {
+impl<T: Transport> ClusterInfo for Cluster<T> {
     fn status(&self) -> ClusterStatus {
         let d = self.node.lock();
-        let now = self.now();
+        // What the engine enforces: the shares are computed `guard` ahead (see `collect`).
+        let now = self.now().saturating_add(self.guard);
         let node = &d.node;
         let cfg = node.config();
         let heir = node.heir();
@@ -497,6 +787,8 @@ impl ClusterInfo for Cluster {
             fallback: fallback_name(cfg.fallback),
             heir,
             gamma: cfg.gamma,
+            gamma_auto: d.gamma_auto,
+            live_members: d.live.iter().copied().collect(),
             cycle_ms: cfg.cycle as f64 / 1e6,
             members,
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
@@ -562,5 +854,76 @@ pub fn parse_fallback(text: &str) -> Result<Fallback, ClusterError> {
                     "fallback `{text}`: expected none, reserved:F (0 < F <= 1) or last-share"
                 ))
             }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn complete(n: u32) -> AutoGamma {
+        let mut edges = Vec::new();
+        for a in 0..n {
+            for b in a + 1..n {
+                edges.push((a, b, 1.0));
+            }
+        }
+        AutoGamma {
+            edges,
+            measure: Measure::Throttled,
+        }
+    }
+
+    /// On K_n the stability bound binds: γ = 1/(2(n−1)) (seed 003 eq. 15) below
+    /// γ* = 1/n (seed 000 Thm 2); without a member, the survivors are K_{n−1}.
+    #[test]
+    fn auto_gain_follows_the_live_members() {
+        let k5 = complete(5);
+        let all: BTreeSet<NodeId> = (0..5).collect();
+        let g5 = auto_gain(0, &all, &k5, 4.0, true).unwrap().unwrap();
+        assert!((g5 - 1.0 / 8.0).abs() < 1e-12, "{g5}");
+        let four: BTreeSet<NodeId> = (0..4).collect();
+        let g4 = auto_gain(0, &four, &k5, 3.0, false).unwrap().unwrap();
+        assert!((g4 - 1.0 / 6.0).abs() < 1e-12, "{g4}");
+        // Alone: no graph, the caller keeps its gain.
+        let me = BTreeSet::from([0]);
+        assert_eq!(auto_gain(0, &me, &k5, 0.0, false).unwrap(), None);
+    }
+
+    /// A ring that loses a node is a path, and only `me`'s component counts; at start a
+    /// disconnected configured graph is an error, not a smaller cluster.
+    #[test]
+    fn auto_gain_on_a_broken_ring_uses_the_path() {
+        let ring = AutoGamma {
+            edges: vec![(0, 1, 1.0), (1, 2, 1.0), (2, 3, 1.0), (3, 0, 1.0)],
+            measure: Measure::Throttled,
+        };
+        let live: BTreeSet<NodeId> = [0, 1, 2].into();
+        // Path 0-1-2: λ = 0, 1, 3, so γ* = 2/4; node 0 has one live neighbour: cap 1/2.
+        let g = auto_gain(0, &live, &ring, 1.0, false).unwrap().unwrap();
+        assert!((g - 0.5).abs() < 1e-9, "{g}");
+        let split = AutoGamma {
+            edges: vec![(0, 1, 1.0), (2, 3, 1.0)],
+            measure: Measure::Throttled,
+        };
+        let all: BTreeSet<NodeId> = (0..4).collect();
+        assert!(auto_gain(0, &all, &split, 1.0, true).is_err());
+        // At run time the same graph is node 0's component: K_2.
+        let g = auto_gain(0, &all, &split, 1.0, false).unwrap().unwrap();
+        assert!((g - 0.5).abs() < 1e-9, "{g}");
+    }
+
+    /// The binary search finds the first instant the lease reads expired, exactly.
+    #[test]
+    fn lease_end_is_exact() {
+        let mut cfg = NodeConfig::new(0, vec![0, 1], vec![(1, 1.0)], SCALE);
+        cfg.lease = 1_000_000_000;
+        let node = Node::new(cfg, 5).unwrap();
+        // The first incarnation holds a lease from its start.
+        let end = lease_end(&node, 5).unwrap();
+        assert_eq!(node.lease_state(end), LeaseState::Expired);
+        assert_ne!(node.lease_state(end - 1), LeaseState::Expired);
+        assert_eq!(end, 5 + 1_000_000_000);
+        assert_eq!(lease_end(&node, end), None);
     }
 }

@@ -12,8 +12,64 @@
 //! for another node replayed here would credit this node with gifts made to someone else.
 //! A replayed authentic datagram changes nothing: its counters are stale by then.
 
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+
+/// The datagram socket the cluster driver sends and receives through (chitchat's
+/// `Transport`, reduced to what a datagram needs): the tokio UDP socket in production, a
+/// simulated network's socket in the partition tests (`tests/partition.rs`), so those tests
+/// run the very driver `sluice serve` runs.
+///
+/// The driver is generic over it, so production calls the tokio socket directly (no boxing,
+/// no dynamic dispatch).
+pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
+    /// Sends one datagram to `to`; returns the bytes sent.
+    fn send_to(
+        &self,
+        datagram: &[u8],
+        to: SocketAddr,
+    ) -> impl Future<Output = io::Result<usize>> + Send;
+
+    /// Receives one datagram into `buf`; returns its length and sender. Must be cancel safe:
+    /// the driver races it against its timers in `select!`, and a datagram must not be lost
+    /// because a timer fired first.
+    fn recv_from(
+        &self,
+        buf: &mut [u8],
+    ) -> impl Future<Output = io::Result<(usize, SocketAddr)>> + Send;
+
+    /// The address this transport receives on.
+    ///
+    /// # Errors
+    /// As the socket's own.
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+impl Transport for tokio::net::UdpSocket {
+    fn send_to(
+        &self,
+        datagram: &[u8],
+        to: SocketAddr,
+    ) -> impl Future<Output = io::Result<usize>> + Send {
+        tokio::net::UdpSocket::send_to(self, datagram, to)
+    }
+
+    fn recv_from(
+        &self,
+        buf: &mut [u8],
+    ) -> impl Future<Output = io::Result<(usize, SocketAddr)>> + Send {
+        // Cancel safe (tokio documents it).
+        tokio::net::UdpSocket::recv_from(self, buf)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        tokio::net::UdpSocket::local_addr(self)
+    }
+}
 
 /// The magic and version at the start of every datagram.
 pub const MAGIC: &[u8; 4] = b"SLC1";

@@ -25,6 +25,14 @@ pub struct ClusterStatus {
     pub heir: Option<u32>,
     /// The gain γ in use.
     pub gamma: f64,
+    /// With `gamma: auto`: γ* (seed 000 Thm 2, capped by seed 003 eq. 15) for the members
+    /// this node has heard from within a lease, recomputed when they change; `None` with a
+    /// fixed gain. The node applies it when `sluice-coord` lets the gain change at run time;
+    /// until then `gamma` stays the value computed at start.
+    pub gamma_auto: Option<f64>,
+    /// The members `gamma_auto` was computed for (this node included): every configured
+    /// member at start, then those heard from within a lease.
+    pub live_members: Vec<u32>,
     /// The update cycle, milliseconds.
     pub cycle_ms: f64,
     /// Every configured peer.
@@ -49,6 +57,8 @@ impl ClusterStatus {
             fallback: "none".into(),
             heir: None,
             gamma: 0.0,
+            gamma_auto: None,
+            live_members: Vec::new(),
             cycle_ms: 0.0,
             members: Vec::new(),
             default_share: 1.0,
