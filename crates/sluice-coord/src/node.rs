@@ -693,6 +693,30 @@ impl Node {
         }
     }
 
+    /// The end of the lease on shared capacity (this node's clock): the first instant
+    /// [`Node::lease_state`] reads `Expired`, unless a message renews it first; in the past
+    /// once expired. `None` when no lease applies (no heir). Drivers arm a timer at it.
+    #[must_use]
+    pub fn lease_until(&self) -> Option<Nanos> {
+        self.heir.map(|_| self.lease_until)
+    }
+
+    /// Sets the gain γ at run time (a daemon's `gamma: auto`, recomputed when membership
+    /// changes). Checked like [`Config::validate`] (seed 003 Thm 1, seed 000 Lemma 2), but
+    /// against the weighted degree of the neighbours the law can give to at `now`, not every
+    /// configured link: a dead neighbour takes no gifts, so a larger γ is stable on the
+    /// smaller live degree. The law also clamps γ to the bound of the live degree at every
+    /// tick, so a neighbour coming back between two calls cannot make it unstable.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadGain`] or [`ConfigError::Unstable`]; γ is then unchanged.
+    pub fn set_gamma(&mut self, gamma: f64, now: Nanos) -> Result<(), ConfigError> {
+        let live: Vec<(NodeId, f64)> = self.usable(now).into_iter().collect();
+        stability::check_node(self.cfg.id, gamma, &self.cfg.measure, &live)?;
+        self.cfg.gamma = gamma;
+        Ok(())
+    }
+
     /// The state of the link to `peer` at `now` (`None` if not a neighbour).
     #[must_use]
     pub fn link_state(&self, peer: NodeId, now: Nanos) -> Option<LinkState> {
@@ -1089,10 +1113,18 @@ impl Node {
     }
 
     fn law_give(&mut self, now: Nanos) {
-        let gamma = self.cfg.gamma;
         let measure = self.cfg.measure;
         let reservation = self.reservation;
         let usable = self.usable(now);
+        // γ within the stability bound of the neighbours given to now (seed 003 Thm 1): a
+        // gain raised by `set_gamma` for fewer live neighbours must not give to more. The
+        // slack keeps a configured γ at the bound exactly as it is.
+        let bound = stability::max_gain(&measure, usable.values().sum());
+        let gamma = if self.cfg.gamma > bound * (1.0 + 1e-9) {
+            bound
+        } else {
+            self.cfg.gamma
+        };
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let p_own = measure.indicator(ks.demand.estimate(), own as f64);

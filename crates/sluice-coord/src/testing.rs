@@ -261,6 +261,15 @@ impl Cluster {
         self.slots.get(&id).and_then(|s| s.node.as_ref())
     }
 
+    /// A running node, to change at run time (e.g. [`Node::set_gamma`]), with its local time.
+    pub fn node_mut(&mut self, id: NodeId) -> Option<(&mut Node, Nanos)> {
+        let now = self.local(id);
+        self.slots
+            .get_mut(&id)
+            .and_then(|s| s.node.as_mut())
+            .map(|n| (n, now))
+    }
+
     /// Ids of running nodes.
     #[must_use]
     pub fn alive(&self) -> Vec<NodeId> {

@@ -740,3 +740,40 @@ fn ten_thousand_keys_split_into_datagrams_and_conserve() {
     assert!(state < 512, "{state}");
     assert!(wire < 24.0, "{wire}");
 }
+
+/// Seed 003 Thm 1 at run time: `Node::set_gamma` is checked against the neighbours the node
+/// hears, so a gain refused on the full ring is accepted once a neighbour is dead (its
+/// degree halves), and conservation holds throughout.
+#[test]
+fn set_gamma_follows_the_live_degree() {
+    let edges = complete(3);
+    let mut c = Cluster::new(3, &edges, cfg(3, 0.25, 3000), NetConfig::perfect(), 5).unwrap();
+    c.apply(Step::SetDemand(0, KEY, 2000.0));
+    c.apply(Step::SetDemand(1, KEY, 500.0));
+    c.apply(Step::SetDemand(2, KEY, 500.0));
+    c.apply(Step::Run(20));
+    let (node, now) = c.node_mut(0).unwrap();
+    // Two live neighbours of weight 1: γ ≤ 1/4 (Case I, min slope 1).
+    assert!(matches!(
+        node.set_gamma(0.3, now),
+        Err(ConfigError::Unstable { .. })
+    ));
+    assert!(matches!(
+        node.set_gamma(f64::NAN, now),
+        Err(ConfigError::BadGain { .. })
+    ));
+    assert_eq!(node.config().gamma, 0.25, "a refused gain changes nothing");
+    c.apply(Step::Crash(2));
+    // Past the lease, node 2's link is down: one neighbour, γ ≤ 1/2.
+    c.apply(Step::Run(2 * LEASE / CYCLE));
+    let (node, now) = c.node_mut(0).unwrap();
+    node.set_gamma(0.5, now).unwrap();
+    assert_eq!(node.config().gamma, 0.5);
+    c.apply(Step::Run(20));
+    assert!(
+        c.sum_enforced(KEY) <= 3000,
+        "Σ enforced {}",
+        c.sum_enforced(KEY)
+    );
+    assert!(c.sum_own(KEY) <= 3000, "Σ own {}", c.sum_own(KEY));
+}

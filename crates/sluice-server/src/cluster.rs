@@ -97,6 +97,9 @@ pub struct ClusterSpec {
     pub fallback: Fallback,
     /// This node's incarnation: 1 on a first start, larger on every restart.
     pub incarnation: u64,
+    /// A key with no demand for this long gives its capacity back and its state is dropped
+    /// (`sluice_coord` "Idle keys"); it comes back from the static split.
+    pub idle_after: Duration,
 }
 
 impl ClusterSpec {
@@ -113,6 +116,7 @@ impl ClusterSpec {
             lease: Duration::from_secs(1),
             fallback: Fallback::None,
             incarnation: 1,
+            idle_after: Duration::from_secs(30),
         }
     }
 }
@@ -289,13 +293,11 @@ fn gain(spec: &ClusterSpec, measure: &Measure) -> Result<f64, ClusterError> {
     }
 }
 
-/// Applies a recomputed gain to the node; returns whether the node now uses it.
-///
-/// `sluice-coord`'s [`Node`] fixes γ when it is built and has no setter, so the node keeps
-/// the gain it started with (which stays stable: a smaller live degree only loosens seed
-/// 003 eq. 15). The recomputed γ* is still computed, logged and reported as `gamma_auto`.
-fn apply_gamma(_node: &mut Node, _gamma: f64) -> bool {
-    false
+/// Applies a recomputed gain to the node; returns whether the node now uses it
+/// ([`Node::set_gamma`] checks it against the stability bound of the neighbours it hears at
+/// `now`, and refuses — keeping the old γ — otherwise).
+fn apply_gamma(node: &mut Node, gamma: f64, now: u64) -> bool {
+    node.set_gamma(gamma, now).is_ok()
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -352,6 +354,11 @@ impl<T: Transport> Cluster<T> {
         cfg.lease = nanos(spec.lease);
         cfg.demand_tau = nanos(spec.cycle) * 5;
         cfg.fallback = spec.fallback;
+        // Keys with no demand for this long give their capacity back and are forgotten
+        // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
+        cfg.idle_after = Some(nanos(spec.idle_after));
+        // One message must fit one datagram with its frame.
+        cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
         let start = Instant::now();
         let node = Node::new(cfg, 1)?;
         let guard = nanos(EXPIRY_GUARD.min(spec.lease / 8));
@@ -586,7 +593,7 @@ impl<T: Transport> Cluster<T> {
         match auto_gain(self.me, &live, auto, degree, false) {
             Ok(Some(g)) => {
                 d.gamma_auto = Some(g);
-                let applied = apply_gamma(&mut d.node, g);
+                let applied = apply_gamma(&mut d.node, g, now);
                 tracing::info!(
                     node = self.me,
                     live = ?live,
@@ -660,6 +667,12 @@ impl<T: Transport> Cluster<T> {
         for (key, units) in ready.limits {
             self.shares.set(key, units);
         }
+        // Reclaimed by the node (idle, capacity given back): the engine's next hit on it
+        // starts again from the default share.
+        for key in ready.reclaimed {
+            self.shares.remove(key);
+            d.rules.remove(&key);
+        }
         d.expiry = lease_end(node, ahead);
         let mut out = Vec::with_capacity(ready.messages.len());
         for m in ready.messages {
@@ -692,30 +705,8 @@ impl<T: Transport> Cluster<T> {
 
 /// When the lease that is running at `now` ends (the first instant it reads expired),
 /// `None` if none is running (already expired, or no heir: nothing to expire).
-///
-/// The node does not expose its lease's end, only [`Node::lease_state`], a step function of
-/// time (valid, then expiring, then expired, unless a message renews it); the end is at most
-/// one lease after `now` (a lease is granted from an echo of our own past clock, or from
-/// `now`), so a binary search over that interval finds it exactly.
 fn lease_end(node: &Node, now: u64) -> Option<u64> {
-    let expired = |t: u64| node.lease_state(t) == LeaseState::Expired;
-    if expired(now) {
-        return None;
-    }
-    let (mut lo, mut hi) = (now, now.saturating_add(node.config().lease));
-    if !expired(hi) {
-        return None;
-    }
-    // Invariant: not expired at `lo`, expired at `hi`.
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if expired(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Some(hi)
+    node.lease_until().filter(|&end| end > now)
 }
 
 fn lifecycle_name(l: Lifecycle) -> &'static str {

@@ -657,6 +657,12 @@ fn crash_survivors_regain_capacity_and_gamma_follows() {
             (got - g4).abs() < 1e-12,
             "node {i}: gamma_auto {got} after the crash, K_4 gives {g4}"
         );
+        // And the node gives with it (`Node::set_gamma`, checked on the live degree).
+        assert!(
+            (s.gamma - g4).abs() < 1e-12,
+            "node {i}: gamma in use {} after the crash, K_4 gives {g4}",
+            s.gamma
+        );
     }
 
     let restart = net.sim.elapsed();
@@ -671,6 +677,10 @@ fn crash_survivors_regain_capacity_and_gamma_follows() {
     for i in 0..n {
         let s = net.status(i);
         assert_eq!(s.gamma_auto, Some(g5), "node {i} back on K_5: {s:?}");
+        assert!(
+            (s.gamma - g5).abs() < 1e-12,
+            "node {i} gives with K_5's gain: {s:?}"
+        );
     }
     let settled = settles(&back, restart, 0.999).expect("the sum gets back to the limit");
     let follows = rebalanced(&back, restart, &rates);
