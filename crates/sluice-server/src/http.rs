@@ -12,6 +12,8 @@
 //! | `GET /healthz` | 200 while the server runs |
 //! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease and not leaving), else 503 with the reason |
 //! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]) |
+//! | `POST /v1/lease` | a capacity lease for client-side throttling ([`crate::lease`]): `{"domain", "descriptor": {"entries": [{"key", "value"}]}, "client_id", "wants"}` → `{"rate", "expires_in_ms", "refresh_in_ms", "limit", "share", "policy", "clients"}` |
+//! | `DELETE /v1/lease` | gives a lease back (`{"domain", "descriptor", "client_id"}`): 204, or 404 if the client held none |
 //!
 //! A refused request (malformed JSON, empty domain, no descriptor, negative hits, an unknown
 //! override unit) gets 400 with a one-line `text/plain` reason, a body over [`MAX_BODY`] gets
@@ -36,10 +38,20 @@
 //! `RateLimit-Reset` (whole seconds, rounded up) and `RateLimit-Policy` (`N;w=SECONDS`) of
 //! the descriptor closest to its limit — the one with the fewest permits left; when the
 //! answer is 429, the refused descriptor with the longest wait — and `Retry-After` (seconds,
-//! at least 1) on 429: the time until that descriptor's limit is back to its full allowance,
-//! which for the default fixed window is the end of the window (an upper bound for the
-//! bucket algorithms, which may admit sooner). Without a limited descriptor (no rule,
+//! at least 1) on 429: the wait after which that descriptor would admit the same request —
+//! the algorithm's own `retry_after` when the engine reports it, else the time until the
+//! limit is back to its full allowance (the end of the window for the default fixed window;
+//! an upper bound for the bucket algorithms). Without a limited descriptor (no rule,
 //! `unlimited`) there are no `RateLimit-*` headers.
+//!
+//! **Leases** (`/v1/lease`, seed 000 §7): a client asks for a rate on one descriptor's rule
+//! and gets a part of this node's capacity for it (max-min fair by default), valid for
+//! `expires_in_ms` and to be refreshed after `refresh_in_ms`; `rate`, `limit` and `share`
+//! are requests per second (`limit` and `share` are `null` for an `unlimited` rule). The
+//! descriptor may also be given as `"descriptors": [one]` (the `/json` shape). 400 for a
+//! malformed request, 404 when no rule governs the descriptor, 503 when the lease table is
+//! full. The guarantee is [`crate::lease`]'s: the rates of unexpired grants never add up to
+//! more than the node's capacity (within a lease duration of a decrease).
 //!
 //! Decision latency is measured around the engine call only and recorded with the answer
 //! ([`Metrics::record`]); the idle-key sweep is the gRPC shell's ([`crate::grpc::run`]).
@@ -72,6 +84,7 @@ use tokio::net::TcpListener;
 use crate::config::Unit;
 use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Request, RequestError, Response};
 use crate::grpc::UnixClock;
+use crate::lease::{LeaseError, LeaseGrant, LeaseRequest, Leases};
 use crate::metrics::{Answer, Api, CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 use crate::status::{ClusterInfo, ClusterStatus};
 
@@ -91,8 +104,8 @@ const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
 const NS_PER_S: u64 = 1_000_000_000;
 
-/// What the HTTP handlers share: the engine, the cluster (if any), the metrics, the clock and
-/// the readiness flag. Cheap to clone (shared handles).
+/// What the HTTP handlers share: the engine, the cluster (if any), the metrics, the clock,
+/// the readiness flag and the capacity leases. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct HttpState {
     engine: Arc<Engine>,
@@ -100,6 +113,7 @@ pub struct HttpState {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     ready: Arc<AtomicBool>,
+    leases: Arc<Leases>,
 }
 
 impl fmt::Debug for HttpState {
@@ -108,6 +122,7 @@ impl fmt::Debug for HttpState {
             .field("engine", &self.engine)
             .field("cluster", &self.cluster)
             .field("ready", &self.ready.load(Ordering::Relaxed))
+            .field("leases", &self.leases)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +140,23 @@ impl HttpState {
             metrics,
             clock: Arc::new(UnixClock),
             ready: Arc::new(AtomicBool::new(true)),
+            leases: Arc::new(Leases::default()),
         }
+    }
+
+    /// The same state handing out capacity leases from `leases` (by default a table of its
+    /// own with [`crate::lease::LeaseConfig::default`]); the daemon keeps a handle to call
+    /// [`Leases::tick`].
+    #[must_use]
+    pub fn with_leases(mut self, leases: Arc<Leases>) -> Self {
+        self.leases = leases;
+        self
+    }
+
+    /// The capacity leases.
+    #[must_use]
+    pub fn leases(&self) -> &Arc<Leases> {
+        &self.leases
     }
 
     /// The same state reading `clock` (nanoseconds since the unix epoch) instead of wall
@@ -225,6 +256,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/lease", post(lease_acquire).delete(lease_release))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
@@ -404,12 +436,58 @@ async fn cluster(State(s): State<HttpState>) -> HttpResponse {
     }
 }
 
+async fn lease_acquire(
+    State(s): State<HttpState>,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResponse {
+    let request = match body
+        .map_err(Refusal::body)
+        .and_then(|b| parse_lease(&b, true))
+    {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let now = s.clock.now();
+    match s.leases.acquire(&s.engine, now, &request) {
+        Ok(grant) => ([(header::CONTENT_TYPE, JSON)], lease_json(&grant)).into_response(),
+        Err(e) => lease_refusal(&e).into_response(),
+    }
+}
+
+async fn lease_release(
+    State(s): State<HttpState>,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResponse {
+    let request = match body
+        .map_err(Refusal::body)
+        .and_then(|b| parse_lease(&b, false))
+    {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let now = s.clock.now();
+    if s.leases.release(
+        now,
+        &request.domain,
+        &request.descriptor,
+        &request.client_id,
+    ) {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        Refusal {
+            status: StatusCode::NOT_FOUND,
+            message: "this client holds no lease on this descriptor".to_owned(),
+        }
+        .into_response()
+    }
+}
+
 async fn not_found() -> HttpResponse {
     (
         StatusCode::NOT_FOUND,
         [(header::CONTENT_TYPE, TEXT)],
         "no such endpoint: POST /json, /v1/check/{domain}?key=value, /v1/peek/{domain}?key=value, \
-         /metrics, /healthz, /readyz, /v1/cluster\n",
+         /metrics, /healthz, /readyz, /v1/cluster, /v1/lease\n",
     )
         .into_response()
 }
@@ -452,6 +530,20 @@ impl IntoResponse for Refusal {
     }
 }
 
+fn lease_refusal(e: &LeaseError) -> Refusal {
+    let status = match e {
+        LeaseError::UnknownDomain(_) | LeaseError::NoRule(_) => StatusCode::NOT_FOUND,
+        LeaseError::TooManyClients(_) | LeaseError::TooManyResources(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::BAD_REQUEST,
+    };
+    Refusal {
+        status,
+        message: e.to_string(),
+    }
+}
+
 fn status_of(response: &Response) -> StatusCode {
     match response.overall_code {
         Code::Ok => StatusCode::OK,
@@ -473,7 +565,7 @@ pub fn rate_limit_headers(response: &Response) -> Vec<(HeaderName, HeaderValue)>
     let chosen = match response.overall_code {
         Code::OverLimit => limited
             .filter(|(s, _)| s.code == Code::OverLimit)
-            .max_by_key(|(s, _)| s.duration_until_reset.unwrap_or(0)),
+            .max_by_key(|(s, _)| retry_wait(s).unwrap_or(0)),
         Code::Ok => limited.min_by_key(|(s, _)| {
             (
                 s.limit_remaining,
@@ -507,10 +599,24 @@ pub fn rate_limit_headers(response: &Response) -> Vec<(HeaderName, HeaderValue)>
         headers.push((HeaderName::from_static("ratelimit-policy"), policy));
     }
     if response.overall_code == Code::OverLimit {
+        let retry = retry_wait(status).unwrap_or(0).div_ceil(NS_PER_S);
         // At least a second: a client told to retry after 0 would spin.
-        headers.push((header::RETRY_AFTER, HeaderValue::from(reset.max(1))));
+        headers.push((header::RETRY_AFTER, HeaderValue::from(retry.max(1))));
     }
     headers
+}
+
+/// How long the client of a refused descriptor should wait before retrying, ns: what
+/// `Retry-After` says (rounded up to whole seconds).
+///
+/// Today the engine reports only `duration_until_reset`, the time until the limit is back
+/// to its full allowance: exact for the default fixed window, an upper bound for the
+/// bucket algorithms, which admit again after one emission interval. Once
+/// [`DescriptorStatus`] carries the algorithm's own `retry_after` this becomes
+/// `status.retry_after.or(status.duration_until_reset)`: exact for every algorithm, and the
+/// reset when the request can never be admitted (its cost above the burst).
+fn retry_wait(status: &DescriptorStatus) -> Option<Nanos> {
+    status.duration_until_reset
 }
 
 // ---------------------------------------------------------------------------------------
@@ -532,6 +638,101 @@ pub fn request_from_json(body: &[u8]) -> Result<Request, String> {
 
 fn parse_json(body: &[u8]) -> Result<Request, Refusal> {
     request_from_json(body).map_err(Refusal::bad)
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases: JSON in and out
+
+/// The lease request of a `/v1/lease` body (`wants` required when `acquiring`).
+///
+/// # Errors
+/// A one-line reason: malformed JSON, an unknown field, not exactly one descriptor, or
+/// `wants` missing when acquiring. (Values are checked by [`Leases`].)
+pub fn lease_request_from_json(body: &[u8], acquiring: bool) -> Result<LeaseRequest, String> {
+    let r: JsonLease =
+        serde_json::from_slice(body).map_err(|e| format!("malformed lease request JSON: {e}"))?;
+    let descriptor = match (r.descriptor, r.descriptors) {
+        (Some(d), None) => d,
+        (None, Some(mut ds)) if ds.len() == 1 => ds.remove(0),
+        _ => {
+            return Err(
+                "a lease is for one descriptor: give \"descriptor\": {\"entries\": [...]} \
+                 (or \"descriptors\" with exactly one)"
+                    .to_owned(),
+            );
+        }
+    };
+    let wants = match (r.wants, acquiring) {
+        (Some(w), _) => w,
+        (None, false) => 0.0,
+        (None, true) => return Err("missing \"wants\": the rate wanted, per second".to_owned()),
+    };
+    Ok(LeaseRequest {
+        domain: r.domain,
+        descriptor: Descriptor::new(descriptor.entries.into_iter().map(|e| (e.key, e.value))),
+        client_id: r.client_id,
+        wants,
+    })
+}
+
+fn parse_lease(body: &[u8], acquiring: bool) -> Result<LeaseRequest, Refusal> {
+    lease_request_from_json(body, acquiring).map_err(Refusal::bad)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLease {
+    domain: String,
+    descriptor: Option<JsonLeaseDescriptor>,
+    descriptors: Option<Vec<JsonLeaseDescriptor>>,
+    #[serde(alias = "clientId")]
+    client_id: String,
+    wants: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLeaseDescriptor {
+    entries: Vec<JsonEntryStrict>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntryStrict {
+    key: String,
+    value: String,
+}
+
+#[derive(Serialize)]
+struct JsonLeaseGrant {
+    rate: f64,
+    expires_in_ms: u64,
+    refresh_in_ms: u64,
+    limit: Option<f64>,
+    share: Option<f64>,
+    policy: &'static str,
+    clients: usize,
+}
+
+/// The JSON answer of `POST /v1/lease` for `grant`. Durations are rounded down to whole
+/// milliseconds, so a client that counts them from before it sent the request never holds
+/// a grant longer than the node does.
+#[must_use]
+pub fn lease_json(grant: &LeaseGrant) -> String {
+    let json = JsonLeaseGrant {
+        rate: grant.rate_per_second(),
+        expires_in_ms: grant.expires_in / 1_000_000,
+        refresh_in_ms: grant.refresh_in / 1_000_000,
+        limit: grant.limit_per_second,
+        share: grant.share_per_second,
+        policy: match grant.policy {
+            sluice_coord::allocation::AllocationPolicy::MaxMin => "max-min",
+            sluice_coord::allocation::AllocationPolicy::Proportional => "proportional",
+        },
+        clients: grant.clients,
+    };
+    // Numbers and strings only: serialising cannot fail.
+    serde_json::to_string(&json).unwrap_or_default()
 }
 
 #[derive(Deserialize)]
@@ -767,11 +968,22 @@ pub fn response_json(response: &Response) -> String {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    // `..base()` below: the statuses are written field by field, and fields the engine may
+    // add (with `None` for "not reported") take the base's value.
+    #![allow(clippy::needless_update)]
 
     use super::*;
-    use crate::config::RateLimit;
+    use crate::config::{Config, RateLimit};
     use crate::engine::Entry;
     use proptest::prelude::*;
+
+    /// A status with nothing reported (the engine's answer for an unknown domain).
+    fn base() -> DescriptorStatus {
+        Engine::new(Config::default())
+            .check_only(0, &Request::new("none", [Descriptor::new([("k", "v")])]))
+            .unwrap()
+            .statuses[0]
+    }
 
     #[test]
     fn durations_are_written_as_protojson_does() {
@@ -859,12 +1071,14 @@ mod tests {
                     }),
                     limit_remaining: 0,
                     duration_until_reset: Some(250_000_000),
+                    ..base()
                 },
                 DescriptorStatus {
                     code: Code::Ok,
                     current_limit: None,
                     limit_remaining: 0,
                     duration_until_reset: None,
+                    ..base()
                 },
             ],
         };
@@ -883,6 +1097,7 @@ mod tests {
             }),
             limit_remaining: remaining,
             duration_until_reset: Some(reset_ms * 1_000_000),
+            ..base()
         }
     }
 
@@ -937,6 +1152,7 @@ mod tests {
             current_limit: None,
             limit_remaining: 0,
             duration_until_reset: None,
+            ..base()
         }
     }
 

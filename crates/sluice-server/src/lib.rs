@@ -45,12 +45,14 @@ pub mod demo;
 pub mod engine;
 pub mod grpc;
 pub mod http;
+pub mod lease;
 pub mod loadgen;
 pub mod metrics;
 pub mod peer;
 pub mod shares;
 pub mod stats;
 pub mod status;
+pub mod token_server;
 
 pub use config::{
     Config, ConfigError, ConfigErrorKind, ConfigSource, Coordination, Domain, Limited, Location,

@@ -1,0 +1,818 @@
+//! Capacity leases for client-side throttling (seed 000 §7; the Doorman style of leasing).
+//!
+//! A client that throttles itself asks the node for capacity on one *resource* — a domain
+//! and one descriptor, governed by a configured rule — saying how much it wants. The node
+//! answers with a rate, an expiry and when to ask again; the client decides every request
+//! locally against that rate and refreshes before the expiry. The node divides its capacity
+//! for the resource among the clients holding leases on it with seed 000 §7 Alg. 2 (max-min
+//! fair water-filling, the default) or Alg. 1 (proportional), through
+//! [`sluice_coord::allocation::ClientLeases`], which also keeps the lease bookkeeping.
+//!
+//! **Capacity of a resource** (re-read at every request, so a reload or a moved share applies
+//! at once): for a `coordination: cluster` rule with a cluster attached, this node's current
+//! share of the rule's limit ([`crate::shares`]); for a `coordination: redis` rule with Redis
+//! attached, the share the node would enforce in fallback (`1/N`); otherwise the rule's
+//! limit (`local` rules, and `cluster` rules of a node alone). `requests_per_unit: 0` is
+//! capacity 0; `unlimited` grants what is asked; `coordination: token-server` rules are
+//! refused (the token server hands out batches, not a share to divide).
+//!
+//! **Guarantee** (from `ClientLeases`, seed 000 §7 with non-recallable grants): at every
+//! instant the rates of this node's unexpired grants on a resource add up to at most the
+//! largest capacity the resource had during the last lease duration — so at most the current
+//! capacity while it does not decrease, and again within one lease duration after it
+//! decreases. For cluster rules the capacities of all nodes add up to at most the global
+//! limit (seed 003 §IV conservation), so the leases of the whole cluster do too. A client
+//! whose lease expires drops out and its capacity goes to the others at their next refresh.
+//!
+//! Rates are held in integer nano-requests per second ([`RATE_SCALE`] units per request per
+//! second), so the sums are exact. Leased traffic is not counted by the engine: a resource
+//! used through leases should not also be checked in-band, or the two add up. For cluster
+//! rules the leased demand (what the clients want) is reported to the cluster as hits
+//! ([`Leases::tick`]), so the node's share follows its lease clients' demand.
+//!
+//! Time is an argument (`now`, nanoseconds on the caller's clock); the HTTP shell
+//! ([`crate::http`], `POST`/`DELETE /v1/lease`) passes its clock.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use foldhash::HashMap;
+use parking_lot::Mutex;
+use sluice_coord::allocation::{AllocationPolicy, ClientId, ClientLeases, Units};
+use sluice_limits::{Clock, Nanos};
+
+use crate::config::{Coordination, Limited, Policy};
+use crate::engine::{Descriptor, Engine};
+use crate::shares::{SCALE, cluster_key};
+
+/// Units of rate per request per second: rates are integer nano-requests per second.
+pub const RATE_SCALE: u64 = 1_000_000_000;
+
+/// Longest accepted `client_id`, in bytes.
+pub const MAX_CLIENT_ID: usize = 128;
+
+const NS_PER_S: u128 = 1_000_000_000;
+
+/// How leases are handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// How a resource's capacity is divided among its clients (seed 000 §7 Alg. 1 or 2).
+    pub policy: AllocationPolicy,
+    /// How long a grant is valid.
+    pub lease: Duration,
+    /// When a client should ask again (less than `lease`, so that a refresh lost or late
+    /// still leaves time for another before the grant expires).
+    pub refresh: Duration,
+    /// Clients per resource; a new client beyond it is refused (bounds memory per resource).
+    pub max_clients: usize,
+    /// Resources with live leases; a new resource beyond it is refused.
+    pub max_resources: usize,
+}
+
+impl Default for LeaseConfig {
+    /// Max-min (Alg. 2), 10 s leases refreshed every 3 s, 10,000 clients per resource,
+    /// 100,000 resources.
+    fn default() -> Self {
+        Self {
+            policy: AllocationPolicy::MaxMin,
+            lease: Duration::from_secs(10),
+            refresh: Duration::from_secs(3),
+            max_clients: 10_000,
+            max_resources: 100_000,
+        }
+    }
+}
+
+impl LeaseConfig {
+    /// The default with leases of `lease`, refreshed after a third of it.
+    #[must_use]
+    pub fn with_lease(lease: Duration) -> Self {
+        Self {
+            lease,
+            refresh: lease / 3,
+            ..Self::default()
+        }
+    }
+}
+
+/// A lease configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseConfigError {
+    /// The lease lasts no time (below a nanosecond).
+    #[error("lease duration must be positive")]
+    ZeroLease,
+    /// Refreshing no earlier than the expiry would let every lease lapse.
+    #[error("refresh interval ({refresh:?}) must be shorter than the lease ({lease:?})")]
+    RefreshNotBeforeExpiry {
+        /// The lease.
+        lease: Duration,
+        /// The refresh interval.
+        refresh: Duration,
+    },
+}
+
+/// A client's request for capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseRequest {
+    /// The domain.
+    pub domain: String,
+    /// The resource: one descriptor (its entries; a `limit` override is refused).
+    pub descriptor: Descriptor,
+    /// The client, as it names itself (1 to [`MAX_CLIENT_ID`] bytes): asking again with the
+    /// same id refreshes its lease rather than adding a client.
+    pub client_id: String,
+    /// The rate it wants, requests per second (finite, ≥ 0).
+    pub wants: f64,
+}
+
+/// What a client is told.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseGrant {
+    /// The granted rate, in [`RATE_SCALE`] units (nano-requests per second).
+    pub rate_units: Units,
+    /// When the grant stops being valid (exclusive), on the caller's clock.
+    pub expires_at: Nanos,
+    /// `expires_at − now`.
+    pub expires_in: Nanos,
+    /// When to ask again, from now.
+    pub refresh_in: Nanos,
+    /// The rule's limit in requests per second (`None`: `unlimited`).
+    pub limit_per_second: Option<f64>,
+    /// This node's capacity for the resource, requests per second (`None`: `unlimited`).
+    pub share_per_second: Option<f64>,
+    /// The division rule.
+    pub policy: AllocationPolicy,
+    /// Clients holding a lease on the resource, this one included.
+    pub clients: usize,
+}
+
+impl LeaseGrant {
+    /// The granted rate, requests per second.
+    #[must_use]
+    pub fn rate_per_second(&self) -> f64 {
+        per_second(self.rate_units)
+    }
+}
+
+/// A lease request the node refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LeaseError {
+    /// `domain` is empty.
+    #[error("lease domain must not be empty")]
+    EmptyDomain,
+    /// The descriptor has no entries.
+    #[error("lease descriptor must have at least one entry")]
+    NoEntries,
+    /// The descriptor carries its own `limit`: leases divide a configured rule.
+    #[error("a leased descriptor cannot carry its own limit: leases divide a configured rule")]
+    Override,
+    /// `client_id` is empty or too long.
+    #[error("client_id must be 1 to {MAX_CLIENT_ID} bytes")]
+    BadClientId,
+    /// `wants` is negative, NaN or infinite.
+    #[error("wants must be a finite rate ≥ 0 (requests per second), not {0}")]
+    BadWants(f64),
+    /// No file defines the domain.
+    #[error("unknown domain {0:?}")]
+    UnknownDomain(String),
+    /// No rule governs the descriptor (or a `replaces` would drop it).
+    #[error("no rate limit rule governs this descriptor in domain {0:?}")]
+    NoRule(String),
+    /// The rule's coordination cannot be leased.
+    #[error("leases are not available for coordination: {0} rules")]
+    Unsupported(&'static str),
+    /// The resource has [`LeaseConfig::max_clients`] clients already.
+    #[error("too many clients hold leases on this resource ({0})")]
+    TooManyClients(usize),
+    /// [`LeaseConfig::max_resources`] resources have leases already.
+    #[error("too many leased resources ({0})")]
+    TooManyResources(usize),
+}
+
+/// What a resource can give, as resolved from the engine ([`Capacity::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    /// `unlimited`: every client gets what it asks.
+    Unlimited,
+    /// A limited rule.
+    Limited {
+        /// The rule's limit, [`RATE_SCALE`] units.
+        limit: Units,
+        /// This node's capacity, [`RATE_SCALE`] units (≤ `limit`).
+        share: Units,
+        /// For a cluster rule: where to report the leased demand.
+        cluster: Option<ClusterRef>,
+    },
+}
+
+/// A cluster rule's key in [`crate::shares::Shares`] and its rate, for reporting demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterRef {
+    /// [`cluster_key`] of the descriptor.
+    pub key: u64,
+    /// Requests per unit.
+    pub count: u64,
+    /// The unit, nanoseconds.
+    pub period: Nanos,
+}
+
+impl Capacity {
+    /// A limited resource with this capacity (tests, or a caller that knows its share).
+    #[must_use]
+    pub fn fixed(share: Units) -> Self {
+        Self::Limited {
+            limit: share,
+            share,
+            cluster: None,
+        }
+    }
+
+    /// The capacity of `descriptor` in `domain` on this node now: the rule it matches (as
+    /// the engine matches it) and this node's part of it (see the module documentation).
+    ///
+    /// # Errors
+    /// [`LeaseError`] for a malformed request or when no rule governs the descriptor.
+    pub fn of(engine: &Engine, domain: &str, descriptor: &Descriptor) -> Result<Self, LeaseError> {
+        if domain.is_empty() {
+            return Err(LeaseError::EmptyDomain);
+        }
+        if descriptor.entries.is_empty() {
+            return Err(LeaseError::NoEntries);
+        }
+        if descriptor.limit.is_some() {
+            return Err(LeaseError::Override);
+        }
+        let config = engine.config();
+        let Some(d) = config.domain(domain) else {
+            return Err(LeaseError::UnknownDomain(domain.to_owned()));
+        };
+        let entries = || {
+            descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+        };
+        let Some(rule) = d.rule_for(entries()) else {
+            return Err(LeaseError::NoRule(domain.to_owned()));
+        };
+        let l: &Limited = match &rule.policy {
+            Policy::Unlimited => return Ok(Self::Unlimited),
+            Policy::Limited(l) => l,
+        };
+        let limit = rate_units(u64::from(l.rate.requests_per_unit), l.rate.unit.nanos());
+        let Some(rule_limit) = l.limit else {
+            // `requests_per_unit: 0`: a block rule.
+            return Ok(Self::Limited {
+                limit: 0,
+                share: 0,
+                cluster: None,
+            });
+        };
+        Ok(match (l.coordination, engine.shares()) {
+            (Coordination::Cluster, Some(shares)) => {
+                let key = cluster_key(domain, entries());
+                let units = u128::from(shares.units(key).min(SCALE));
+                let share = u128::from(limit) * units / u128::from(SCALE);
+                Self::Limited {
+                    limit,
+                    share: Units::try_from(share).unwrap_or(limit),
+                    cluster: Some(ClusterRef {
+                        key,
+                        count: rule_limit.count(),
+                        period: rule_limit.period(),
+                    }),
+                }
+            }
+            (Coordination::Redis, _) => match engine.redis() {
+                Some(central) => {
+                    let fallback = central.fallback_limit(&rule_limit);
+                    Self::Limited {
+                        limit,
+                        share: rate_units(fallback.count(), fallback.period()).min(limit),
+                        cluster: None,
+                    }
+                }
+                None => Self::fixed(limit),
+            },
+            // The token server hands out batches, not a share this node could divide; the
+            // whole limit on every node would break the global limit.
+            (Coordination::TokenServer, _) => {
+                return Err(LeaseError::Unsupported(Coordination::TokenServer.name()));
+            }
+            (Coordination::Local | Coordination::Cluster, _) => Self::fixed(limit),
+        })
+    }
+}
+
+/// `count` per `period` ns in [`RATE_SCALE`] units, rounded down (never more than the rule).
+#[must_use]
+pub fn rate_units(count: u64, period: Nanos) -> Units {
+    if period == 0 {
+        return 0;
+    }
+    let v = u128::from(count) * u128::from(RATE_SCALE) * NS_PER_S / u128::from(period);
+    Units::try_from(v).unwrap_or(Units::MAX)
+}
+
+/// Requests per second for `units` [`RATE_SCALE`] units.
+#[must_use]
+pub fn per_second(units: Units) -> f64 {
+    units as f64 / RATE_SCALE as f64
+}
+
+/// [`RATE_SCALE`] units for a rate in requests per second, rounded down.
+#[must_use]
+pub fn units_of(per_second: f64) -> Units {
+    sluice_coord::allocation::units_floor(per_second * RATE_SCALE as f64)
+}
+
+/// A resource: a domain and a descriptor's entries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ResourceKey {
+    domain: Box<str>,
+    entries: Box<[(Box<str>, Box<str>)]>,
+}
+
+impl ResourceKey {
+    fn new(domain: &str, d: &Descriptor) -> Self {
+        Self {
+            domain: domain.into(),
+            entries: d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str().into(), e.value.as_str().into()))
+                .collect(),
+        }
+    }
+}
+
+/// The leases of one resource.
+#[derive(Debug)]
+struct Resource {
+    table: ClientLeases,
+    /// Client names to the table's ids (never reused within a resource) and what each
+    /// wants (for the demand reported to the cluster).
+    ids: HashMap<Box<str>, (ClientId, Units)>,
+    next_id: ClientId,
+    cluster: Option<ClusterRef>,
+    /// Demand reporting: when last reported, and the remainder below one request, in
+    /// units·ns (`RATE_SCALE·10⁹` of them make one request).
+    reported_at: Nanos,
+    carry: u128,
+}
+
+impl Resource {
+    /// Forgets the names of clients the table dropped (all their grants expired).
+    fn forget_expired(&mut self) {
+        if self.ids.len() != self.table.len() {
+            let table = &self.table;
+            self.ids.retain(|_, (id, _)| table.target(*id).is_some());
+        }
+    }
+
+    /// Demand since the last report, in whole requests, for the cluster's demand estimate:
+    /// what the live clients want, over the time elapsed.
+    fn demand_since(&mut self, now: Nanos) -> u64 {
+        let elapsed = now.saturating_sub(self.reported_at);
+        self.reported_at = self.reported_at.max(now);
+        let wants: u128 = self.ids.values().map(|&(_, w)| u128::from(w)).sum();
+        let acc = self.carry + wants * u128::from(elapsed);
+        let one = u128::from(RATE_SCALE) * NS_PER_S;
+        self.carry = acc % one;
+        u64::try_from(acc / one).unwrap_or(u64::MAX)
+    }
+}
+
+/// The leases this node has handed out, per resource. Safe to share between threads (one
+/// lock: lease requests come once per client per refresh interval, not per request).
+/// [`Leases::default`] hands leases out with [`LeaseConfig::default`].
+#[derive(Default)]
+pub struct Leases {
+    config: LeaseConfig,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    resources: HashMap<ResourceKey, Resource>,
+    last_sweep: Nanos,
+}
+
+impl fmt::Debug for Leases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leases")
+            .field("config", &self.config)
+            .field("resources", &self.inner.lock().resources.len())
+            .finish()
+    }
+}
+
+impl Leases {
+    /// No lease yet; leases handed out under `config`.
+    ///
+    /// # Errors
+    /// [`LeaseConfigError`] for a zero lease or a refresh not shorter than the lease.
+    pub fn new(config: LeaseConfig) -> Result<Self, LeaseConfigError> {
+        if config.lease.is_zero() || sluice_limits::clock::nanos(config.lease) == 0 {
+            return Err(LeaseConfigError::ZeroLease);
+        }
+        if config.refresh >= config.lease {
+            return Err(LeaseConfigError::RefreshNotBeforeExpiry {
+                lease: config.lease,
+                refresh: config.refresh,
+            });
+        }
+        Ok(Self {
+            config,
+            inner: Mutex::default(),
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// Grants `request` at `now` against the capacity the engine gives its resource
+    /// ([`Capacity::of`]), reporting the leased demand of a cluster rule to the cluster.
+    ///
+    /// # Errors
+    /// [`LeaseError`]; nothing changes then.
+    pub fn acquire(
+        &self,
+        engine: &Engine,
+        now: Nanos,
+        request: &LeaseRequest,
+    ) -> Result<LeaseGrant, LeaseError> {
+        check_request(request)?;
+        let capacity = Capacity::of(engine, &request.domain, &request.descriptor)?;
+        let grant = self.acquire_with(now, capacity, request)?;
+        if let (
+            Capacity::Limited {
+                cluster: Some(c), ..
+            },
+            Some(shares),
+        ) = (capacity, engine.shares())
+        {
+            let key = ResourceKey::new(&request.domain, &request.descriptor);
+            let hits = self
+                .inner
+                .lock()
+                .resources
+                .get_mut(&key)
+                .map_or(0, |r| r.demand_since(now));
+            shares.on_hit(c.key, c.count, c.period, hits);
+        }
+        Ok(grant)
+    }
+
+    /// The pure core of [`Leases::acquire`]: grants `request` at `now` when its resource
+    /// has `capacity`. The client's demand is recorded, the capacity re-divided among the
+    /// live clients with the configured policy, and the client granted
+    /// `min(its part, capacity − what the others may still be using)` until `now + lease`.
+    ///
+    /// # Errors
+    /// [`LeaseError`] for a malformed request or a full table; nothing changes then.
+    pub fn acquire_with(
+        &self,
+        now: Nanos,
+        capacity: Capacity,
+        request: &LeaseRequest,
+    ) -> Result<LeaseGrant, LeaseError> {
+        check_request(request)?;
+        let lease = sluice_limits::clock::nanos(self.config.lease);
+        let refresh_in = sluice_limits::clock::nanos(self.config.refresh);
+        let wants = units_of(request.wants);
+        let (limit, share, cluster) = match capacity {
+            Capacity::Unlimited => {
+                let expires_at = now.saturating_add(lease);
+                return Ok(LeaseGrant {
+                    rate_units: wants,
+                    expires_at,
+                    expires_in: lease,
+                    refresh_in,
+                    limit_per_second: None,
+                    share_per_second: None,
+                    policy: self.config.policy,
+                    clients: 1,
+                });
+            }
+            Capacity::Limited {
+                limit,
+                share,
+                cluster,
+            } => (limit, share, cluster),
+        };
+        let mut inner = self.inner.lock();
+        self.sweep_if_due(&mut inner, now);
+        let key = ResourceKey::new(&request.domain, &request.descriptor);
+        if !inner.resources.contains_key(&key) {
+            if inner.resources.len() >= self.config.max_resources {
+                return Err(LeaseError::TooManyResources(self.config.max_resources));
+            }
+            // `new` refused a zero lease, so this cannot fail; if it did, refusing is safe.
+            let table = ClientLeases::new(self.config.policy, lease.max(1), share, now)
+                .map_err(|_| LeaseError::TooManyResources(self.config.max_resources))?;
+            inner.resources.insert(
+                key.clone(),
+                Resource {
+                    table,
+                    ids: HashMap::default(),
+                    next_id: 0,
+                    cluster,
+                    reported_at: now,
+                    carry: 0,
+                },
+            );
+        }
+        let Some(r) = inner.resources.get_mut(&key) else {
+            return Err(LeaseError::TooManyResources(self.config.max_resources));
+        };
+        r.cluster = cluster;
+        // Expire first: a departed client's name must not count against the table's size.
+        r.table.set_share(now, share);
+        r.forget_expired();
+        let id = match r.ids.get_mut(request.client_id.as_str()) {
+            Some((id, w)) => {
+                *w = wants;
+                *id
+            }
+            None => {
+                if r.ids.len() >= self.config.max_clients {
+                    return Err(LeaseError::TooManyClients(self.config.max_clients));
+                }
+                let id = r.next_id;
+                r.next_id += 1;
+                r.ids.insert(request.client_id.as_str().into(), (id, wants));
+                id
+            }
+        };
+        let grant = r.table.request(now, id, wants);
+        let clients = r.table.len();
+        Ok(LeaseGrant {
+            rate_units: grant.rate,
+            expires_at: grant.expires_at,
+            expires_in: grant.expires_at.saturating_sub(now),
+            refresh_in,
+            limit_per_second: Some(per_second(limit)),
+            share_per_second: Some(per_second(share)),
+            policy: self.config.policy,
+            clients,
+        })
+    }
+
+    /// The client says it no longer uses its lease on the resource: its capacity goes to
+    /// the others at once. Returns whether it held one.
+    pub fn release(&self, now: Nanos, domain: &str, descriptor: &Descriptor, client: &str) -> bool {
+        let mut inner = self.inner.lock();
+        let key = ResourceKey::new(domain, descriptor);
+        let Some(r) = inner.resources.get_mut(&key) else {
+            return false;
+        };
+        let Some((id, _)) = r.ids.remove(client) else {
+            return false;
+        };
+        r.table.release(now, id);
+        r.forget_expired();
+        if r.table.is_empty() {
+            inner.resources.remove(&key);
+        }
+        true
+    }
+
+    /// Periodic work (the daemon calls it every cluster cycle or so): drops expired leases
+    /// and resources without any, and reports every cluster resource's leased demand since
+    /// the last report to the cluster (as hits, which is how the cluster measures demand).
+    pub fn tick(&self, engine: &Engine, now: Nanos) {
+        let mut inner = self.inner.lock();
+        self.sweep(&mut inner, now);
+        if let Some(shares) = engine.shares() {
+            for r in inner.resources.values_mut() {
+                if let Some(c) = r.cluster {
+                    let hits = r.demand_since(now);
+                    shares.on_hit(c.key, c.count, c.period, hits);
+                }
+            }
+        }
+    }
+
+    /// Rates of the unexpired grants of a resource, as of the last call: what its clients
+    /// may be using (the sum the guarantee bounds). 0 for a resource without leases.
+    #[must_use]
+    pub fn outstanding(&self, domain: &str, descriptor: &Descriptor) -> Units {
+        self.inner
+            .lock()
+            .resources
+            .get(&ResourceKey::new(domain, descriptor))
+            .map_or(0, |r| r.table.outstanding())
+    }
+
+    /// Clients holding a lease on the resource, as of the last call.
+    #[must_use]
+    pub fn clients(&self, domain: &str, descriptor: &Descriptor) -> usize {
+        self.inner
+            .lock()
+            .resources
+            .get(&ResourceKey::new(domain, descriptor))
+            .map_or(0, |r| r.table.len())
+    }
+
+    /// Resources with at least one client, as of the last sweep.
+    #[must_use]
+    pub fn resources(&self) -> usize {
+        self.inner.lock().resources.len()
+    }
+
+    /// Sweeps when a lease duration has passed since the last sweep: bounds the memory of
+    /// resources whose clients all left without a node-wide timer.
+    fn sweep_if_due(&self, inner: &mut Inner, now: Nanos) {
+        let lease = sluice_limits::clock::nanos(self.config.lease);
+        if now >= inner.last_sweep.saturating_add(lease) {
+            self.sweep(inner, now);
+        }
+    }
+
+    #[allow(clippy::unused_self)] // a method, so every lease operation reads alike
+    fn sweep(&self, inner: &mut Inner, now: Nanos) {
+        inner.last_sweep = inner.last_sweep.max(now);
+        inner.resources.retain(|_, r| {
+            r.table.expire(now);
+            r.forget_expired();
+            !r.table.is_empty()
+        });
+    }
+}
+
+/// Calls [`Leases::tick`] every `every` on `clock` until `done` completes: the daemon's
+/// task, so expired leases are dropped and cluster rules see their leased demand smoothly
+/// (not only when a client refreshes).
+pub async fn tick_every(
+    leases: Arc<Leases>,
+    engine: Arc<Engine>,
+    clock: impl Clock,
+    every: Duration,
+    done: impl Future<Output = ()>,
+) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            () = &mut done => return,
+            _ = tick.tick() => leases.tick(&engine, clock.now()),
+        }
+    }
+}
+
+fn check_request(request: &LeaseRequest) -> Result<(), LeaseError> {
+    if request.domain.is_empty() {
+        return Err(LeaseError::EmptyDomain);
+    }
+    if request.descriptor.entries.is_empty() {
+        return Err(LeaseError::NoEntries);
+    }
+    if request.descriptor.limit.is_some() {
+        return Err(LeaseError::Override);
+    }
+    if request.client_id.is_empty() || request.client_id.len() > MAX_CLIENT_ID {
+        return Err(LeaseError::BadClientId);
+    }
+    if !request.wants.is_finite() || request.wants < 0.0 {
+        return Err(LeaseError::BadWants(request.wants));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::Config;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn ask(client: &str, wants: f64) -> LeaseRequest {
+        LeaseRequest {
+            domain: "d".into(),
+            descriptor: Descriptor::new([("k", "v")]),
+            client_id: client.into(),
+            wants,
+        }
+    }
+
+    #[test]
+    fn rates_convert_exactly() {
+        assert_eq!(rate_units(1_000, S), 1_000 * RATE_SCALE);
+        assert_eq!(rate_units(60, 60 * S), RATE_SCALE);
+        assert_eq!(units_of(300.0), 300 * RATE_SCALE);
+        assert!((per_second(700 * RATE_SCALE) - 700.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn capacity_follows_the_rule() {
+        let engine = Engine::new(
+            Config::from_yaml(
+                "t.yaml",
+                "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 600 }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+  - key: free
+    rate_limit: { unlimited: true }
+",
+            )
+            .unwrap(),
+        );
+        let cap = |k: &str| Capacity::of(&engine, "d", &Descriptor::new([(k, "x")]));
+        assert_eq!(cap("k").unwrap(), Capacity::fixed(10 * RATE_SCALE));
+        assert_eq!(
+            cap("blocked").unwrap(),
+            Capacity::Limited {
+                limit: 0,
+                share: 0,
+                cluster: None
+            }
+        );
+        assert_eq!(cap("free").unwrap(), Capacity::Unlimited);
+        assert!(matches!(cap("other"), Err(LeaseError::NoRule(_))));
+        assert!(matches!(
+            Capacity::of(&engine, "e", &Descriptor::new([("k", "x")])),
+            Err(LeaseError::UnknownDomain(_))
+        ));
+    }
+
+    #[test]
+    fn max_min_then_expiry_hands_the_capacity_over() {
+        let leases = Leases::new(LeaseConfig::with_lease(Duration::from_secs(1))).unwrap();
+        let cap = Capacity::fixed(units_of(1_000.0));
+        let a = leases.acquire_with(0, cap, &ask("a", 300.0)).unwrap();
+        let b = leases.acquire_with(1, cap, &ask("b", 900.0)).unwrap();
+        assert_eq!(a.rate_units, units_of(300.0));
+        assert_eq!(b.rate_units, units_of(700.0));
+        assert_eq!(b.clients, 2);
+        // `a` stops refreshing: once its lease is over, `b` gets what it wants.
+        let b = leases.acquire_with(S + 1, cap, &ask("b", 900.0)).unwrap();
+        assert_eq!(b.rate_units, units_of(900.0));
+        assert_eq!(b.clients, 1);
+    }
+
+    #[test]
+    fn release_frees_at_once_and_bad_requests_change_nothing() {
+        let leases = Leases::default();
+        let cap = Capacity::fixed(units_of(100.0));
+        leases.acquire_with(0, cap, &ask("a", 100.0)).unwrap();
+        assert_eq!(
+            leases
+                .acquire_with(0, cap, &ask("b", 100.0))
+                .unwrap()
+                .rate_units,
+            0
+        );
+        assert!(leases.release(0, "d", &Descriptor::new([("k", "v")]), "a"));
+        assert_eq!(
+            leases
+                .acquire_with(0, cap, &ask("b", 100.0))
+                .unwrap()
+                .rate_units,
+            units_of(100.0)
+        );
+        for bad in [ask("", 1.0), ask("a", -1.0), ask("a", f64::NAN)] {
+            assert!(leases.acquire_with(0, cap, &bad).is_err());
+        }
+        assert_eq!(leases.clients("d", &Descriptor::new([("k", "v")])), 1);
+    }
+
+    #[test]
+    fn tables_are_bounded() {
+        let leases = Leases::new(LeaseConfig {
+            max_clients: 2,
+            max_resources: 1,
+            ..LeaseConfig::default()
+        })
+        .unwrap();
+        let cap = Capacity::fixed(10);
+        leases.acquire_with(0, cap, &ask("a", 1.0)).unwrap();
+        leases.acquire_with(0, cap, &ask("b", 1.0)).unwrap();
+        assert_eq!(
+            leases.acquire_with(0, cap, &ask("c", 1.0)),
+            Err(LeaseError::TooManyClients(2))
+        );
+        let mut other = ask("a", 1.0);
+        other.descriptor = Descriptor::new([("k", "w")]);
+        assert_eq!(
+            leases.acquire_with(0, cap, &other),
+            Err(LeaseError::TooManyResources(1))
+        );
+        // Once every lease is over the table is swept and a new resource fits.
+        leases.tick(&Engine::new(Config::default()), 11 * S);
+        assert_eq!(leases.resources(), 0);
+        assert!(leases.acquire_with(11 * S, cap, &other).is_ok());
+    }
+}
