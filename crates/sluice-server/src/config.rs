@@ -115,6 +115,12 @@ pub enum Coordination {
     /// decides locally with its share of the limit while Redis does not answer. Without a
     /// Redis attached to the engine the node decides locally with the whole limit.
     Redis,
+    /// One Sluice node, the token server, hands out the limit's permits to the others in
+    /// leased batches (seed 002 §4.4(3), batched as in §4.4(5)); a configured successor
+    /// takes over when it dies, and a node decides locally with its share while no server
+    /// answers within the timeout. Without token servers attached to the engine the node
+    /// decides locally with the whole limit.
+    TokenServer,
 }
 
 impl Coordination {
@@ -125,6 +131,7 @@ impl Coordination {
             Self::Local => "local",
             Self::Cluster => "cluster",
             Self::Redis => "redis",
+            Self::TokenServer => "token-server",
         }
     }
 }
@@ -281,11 +288,13 @@ pub enum ConfigErrorKind {
     /// `algorithm` is not one of [`AlgorithmKind::NAMES`].
     #[error("{0}")]
     UnknownAlgorithm(#[from] sluice_limits::UnknownAlgorithm),
-    /// `coordination` is not `local`, `cluster` or `redis`.
-    #[error("unknown coordination {0:?} (expected local, cluster or redis)")]
+    /// `coordination` is not `local`, `cluster`, `redis` or `token-server`.
+    #[error("unknown coordination {0:?} (expected local, cluster, redis or token-server)")]
     UnknownCoordination(String),
     /// A coordination Sluice knows of but does not implement yet.
-    #[error("coordination {0:?} is not supported yet (expected local, cluster or redis)")]
+    #[error(
+        "coordination {0:?} is not supported yet (expected local, cluster, redis or token-server)"
+    )]
     CoordinationNotSupported(String),
     /// `coordination: redis` with an algorithm the Redis scripts do not run (warm-up keeps
     /// floating-point state).
@@ -982,14 +991,8 @@ impl FileParser<'_> {
                     Some("local") | None => Coordination::Local,
                     Some("cluster") => Coordination::Cluster,
                     Some("redis") => Coordination::Redis,
-                    // Seed 002 §4.4(3)'s token server: named so a file written for it
-                    // fails clearly rather than as a typo.
-                    Some(name @ ("token-server" | "token_server")) => {
-                        return Err(self.err(
-                            v,
-                            ConfigErrorKind::CoordinationNotSupported(name.to_string()),
-                        ));
-                    }
+                    // Seed 002 §4.4(3)'s token server.
+                    Some("token-server" | "token_server") => Coordination::TokenServer,
                     Some(other) => {
                         return Err(
                             self.err(v, ConfigErrorKind::UnknownCoordination(other.to_string()))

@@ -34,6 +34,24 @@ pub struct DaemonSpec {
     pub redis: Option<(String, crate::central::RedisMode, Duration)>,
 }
 
+/// `coordination: token-server`: the token servers this node asks and, when it is one of
+/// them, the server it runs ([`Daemon::start_with`]).
+#[derive(Debug, Clone)]
+pub struct TokenSpec {
+    /// How this node reaches the token servers (primary first).
+    pub client: crate::token_server::ClientSpec,
+    /// This node's own token server and its listener's address, if it is one.
+    pub server: Option<(crate::token_server::ServerSpec, SocketAddr)>,
+}
+
+/// What [`Daemon::start_with`] starts besides a [`DaemonSpec`].
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Token servers for `coordination: token-server` rules (`None`: such rules decide
+    /// locally with the whole limit).
+    pub token: Option<TokenSpec>,
+}
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -51,6 +69,9 @@ pub enum DaemonError {
     /// The cluster could not start.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The token server settings are invalid.
+    #[error("token server: {0}")]
+    Token(#[from] crate::token_server::TokenError),
     /// The Redis settings are invalid.
     #[error("redis: {0}")]
     Redis(#[from] crate::central::CentralError),
@@ -69,6 +90,10 @@ pub struct Daemon {
     pub http_addr: Option<SocketAddr>,
     /// Bound peer address.
     pub peer_addr: Option<SocketAddr>,
+    /// Bound token server address, if this node is a token server.
+    pub token_addr: Option<SocketAddr>,
+    /// This node's token server, if it is one.
+    pub token_server: Option<Arc<crate::token_server::TokenServerNode>>,
     http_state: crate::http::HttpState,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -86,6 +111,14 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError`]: nothing is left running then.
     pub async fn start(spec: DaemonSpec) -> Result<Self, DaemonError> {
+        Self::start_with(spec, Extras::default()).await
+    }
+
+    /// As [`Daemon::start`], with the [`Extras`] (token servers).
+    ///
+    /// # Errors
+    /// [`DaemonError`]: nothing is left running then.
+    pub async fn start_with(spec: DaemonSpec, extras: Extras) -> Result<Self, DaemonError> {
         let config = spec.source.load()?;
         let engine = Arc::new(Engine::new(config));
         if let Some((url, mode, timeout)) = &spec.redis {
@@ -97,6 +130,21 @@ impl Daemon {
             let central = crate::central::connect(url, *mode, *timeout, nodes)?;
             engine.attach_redis(central);
         }
+        let (token_listener, token_node) = match &extras.token {
+            Some(t) => {
+                engine.attach_token_server(crate::token_server::TokenClient::new(t.client.clone()));
+                match &t.server {
+                    Some((ss, addr)) => {
+                        let listener = bind_tcp(*addr).await?;
+                        let node = crate::token_server::TokenServerNode::new(ss.clone())?;
+                        (Some(listener), Some(node))
+                    }
+                    None => (None, None),
+                }
+            }
+            None => (None, None),
+        };
+        let token_addr = token_listener.as_ref().and_then(|l| l.local_addr().ok());
         let grpc = bind_tcp(spec.grpc_addr).await?;
         let grpc_addr = grpc.local_addr().unwrap_or(spec.grpc_addr);
         let http = match spec.http_addr {
@@ -158,6 +206,14 @@ impl Daemon {
                 }
             }));
         }
+        if let (Some(listener), Some(node)) = (token_listener, &token_node) {
+            let (node, done) = (node.clone(), stopped());
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = crate::token_server::run(listener, node, done).await {
+                    tracing::error!(error = %e, "token server failed");
+                }
+            }));
+        }
         if let (Some(every), ConfigSource::Path(path)) = (spec.watch, &spec.source) {
             let (engine, path, done) = (engine.clone(), path.clone(), stopped());
             tasks.push(tokio::spawn(watch_config(engine, path, every, done)));
@@ -168,6 +224,8 @@ impl Daemon {
             grpc_addr,
             http_addr,
             peer_addr,
+            token_addr,
+            token_server: token_node,
             http_state,
             stop,
             tasks,

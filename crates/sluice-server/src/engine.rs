@@ -36,6 +36,11 @@
 //! [`Engine::central_status`] says which). Without Redis, and in the synchronous calls, such a
 //! rule is decided from this node's own state: with the whole limit when no Redis is attached
 //! (a single node), with the fallback share when one is.
+//!
+//! A `coordination: token-server` rule is decided the same way through the attached token
+//! client ([`Engine::attach_token_server`], [`crate::token_server`]): from this node's leased
+//! batch while it lasts, by a call to the token server when it runs out (seed 002 §4.4(3)),
+//! and with the node's share while no server answers within the timeout.
 
 // Registered here so the module compiles with the engine; `lib.rs` re-exports it as
 // `sluice_server::central`.
@@ -55,6 +60,8 @@ use crate::config::{
 use crate::shares::{Shares, cluster_key, scaled};
 use crate::stats::{Outcome, RuleStats, StatsRegistry};
 use central::{Central, CentralStatus};
+
+use crate::token_server::{TokenClient, TokenStatus};
 
 /// One `key: value` pair of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -255,6 +262,7 @@ pub struct Engine {
     stats: StatsRegistry,
     shares: OnceLock<Arc<Shares>>,
     central: OnceLock<Arc<Central>>,
+    token: OnceLock<Arc<TokenClient>>,
 }
 
 /// A configuration in force, with its rules' counters found by the rule's address (stable
@@ -313,6 +321,7 @@ impl Engine {
             stats,
             shares: OnceLock::new(),
             central: OnceLock::new(),
+            token: OnceLock::new(),
         }
     }
 
@@ -359,6 +368,27 @@ impl Engine {
     #[must_use]
     pub fn central_status(&self) -> Option<CentralStatus> {
         self.central.get().map(|c| c.status())
+    }
+
+    /// From now on, `coordination: token-server` rules are decided through `client` (leases
+    /// from the token servers) in [`Engine::should_rate_limit_async`]. Returns `false`,
+    /// changing nothing, if a token client was already attached.
+    pub fn attach_token_server(&self, client: impl Into<Arc<TokenClient>>) -> bool {
+        self.token.set(client.into()).is_ok()
+    }
+
+    /// The attached token client, if any.
+    #[must_use]
+    pub fn token_server(&self) -> Option<&Arc<TokenClient>> {
+        self.token.get()
+    }
+
+    /// Where `coordination: token-server` rules are decided now (leases or the local
+    /// fallback, since when, how many changes), for `/metrics` and `/v1/cluster`; `None`
+    /// without token servers.
+    #[must_use]
+    pub fn token_status(&self) -> Option<TokenStatus> {
+        self.token.get().map(|t| t.status())
     }
 
     /// The attached cluster's shares, if any.
@@ -455,9 +485,10 @@ impl Engine {
         now: Nanos,
         request: &Request,
     ) -> Result<Response, RequestError> {
-        let Some(central) = self.central.get() else {
+        let (central, token) = (self.central.get(), self.token.get());
+        if central.is_none() && token.is_none() {
             return self.decide(now, request, Mode::Check);
-        };
+        }
         let loaded = self.loaded.read().clone();
         let Some(rules) = self.plan(&loaded, request)? else {
             return Ok(no_domain(request));
@@ -467,19 +498,28 @@ impl Engine {
         // each other's hits, as in the synchronous path.
         for (d, rule) in request.descriptors.iter().zip(&rules) {
             let cost = cost_of(request, d);
-            let redis = match rule {
+            let remote = match rule {
                 Matched::Rule(r) => match &r.policy {
-                    Policy::Limited(l) if l.coordination == Coordination::Redis => Some(l),
-                    _ => None,
+                    Policy::Limited(l) => Some(l),
+                    Policy::Unlimited => None,
                 },
                 _ => None,
             };
-            let decided = match redis {
-                Some(l) => Some(
-                    self.redis_limited(central, now, &request.domain, d, l, cost)
-                        .await,
-                ),
-                None => None,
+            let decided = match (remote.map(|l| l.coordination), remote) {
+                (Some(Coordination::Redis), Some(l)) => match central {
+                    Some(central) => Some(
+                        self.redis_limited(central, now, &request.domain, d, l, cost)
+                            .await,
+                    ),
+                    None => None,
+                },
+                (Some(Coordination::TokenServer), Some(l)) => match token {
+                    Some(token) => {
+                        Some(token_limited(token, now, &request.domain, d, l, cost).await)
+                    }
+                    None => None,
+                },
+                _ => None,
             };
             statuses.push(self.status(
                 &loaded,
@@ -669,6 +709,13 @@ impl Engine {
                 }
                 None => limit,
             },
+            (Coordination::TokenServer, _) => match self.token.get() {
+                Some(token) => {
+                    share = token.fallback_limit(limit);
+                    &share
+                }
+                None => limit,
+            },
             _ => limit,
         };
         let store = &self.stores[kind_index(rule.algorithm)];
@@ -679,6 +726,26 @@ impl Engine {
         };
         to_status(rule, &decision, window_reset)
     }
+}
+
+/// A `coordination: token-server` rule's status, decided from the node's lease (or by the
+/// token server, or the fallback).
+async fn token_limited(
+    token: &TokenClient,
+    now: Nanos,
+    domain: &str,
+    d: &Descriptor,
+    rule: &Limited,
+    cost: u64,
+) -> DescriptorStatus {
+    let unit = rule.rate.unit.nanos();
+    let window_reset = unit - now % unit;
+    let Some(limit) = &rule.limit else {
+        return blocked(rule, window_reset);
+    };
+    let key = central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+    let decision = token.decide(rule.algorithm, &key, limit, now, cost).await;
+    to_status(rule, &decision, window_reset)
 }
 
 /// Hits a descriptor takes: its own `hits_addend`, else the request's; 0 counts as 1.

@@ -248,6 +248,7 @@ impl Collector for Scraped {
                 i64::try_from(c.decisions_local).unwrap_or(i64::MAX),
             )?;
         }
+        encode_token(&mut encoder, &self.engine)?;
         let status = self
             .cluster
             .as_ref()
@@ -469,4 +470,56 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
     }
     Ok(())
+}
+
+/// `coordination: token-server` rules: leases from a token server, or this node's fallback.
+fn encode_token(encoder: &mut DescriptorEncoder<'_>, engine: &Engine) -> fmt::Result {
+    let Some(t) = engine.token_status() else {
+        return Ok(());
+    };
+    let fallback = matches!(t.mode, crate::token_server::TokenMode::Fallback);
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    gauge(
+        encoder,
+        "sluice_token_fallback",
+        "1 while token-server rules are decided locally (no token server answered within the \
+         timeout: what is left of the lease, then this node's share), 0 while leases decide",
+        i64::from(fallback),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_transitions",
+        "Changes between token-server leases and the local fallback since start",
+        n(t.transitions),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_server",
+        "Id of the token server this node asks now",
+        i64::from(t.server),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_calls",
+        "Requests for permits sent to token servers",
+        n(t.calls),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_granted",
+        "Permits granted to this node by token servers",
+        n(t.granted),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_decisions_central",
+        "Decisions of token-server rules made from leases (or a server's refusal)",
+        n(t.decisions_central),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_decisions_local",
+        "Decisions of token-server rules made locally with this node's share (fallback)",
+        n(t.decisions_local),
+    )
 }

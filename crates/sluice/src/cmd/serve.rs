@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_server::ConfigSource;
 use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
-use sluice_server::daemon::{Daemon, DaemonSpec};
+use sluice_server::daemon::{Daemon, DaemonSpec, Extras};
 use sluice_server::peer::PeerKey;
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +77,36 @@ pub(crate) struct Args {
     /// How long a decision waits for Redis before the node decides locally with its share.
     #[arg(long, default_value = "50ms")]
     redis_timeout: String,
+    /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
+    #[command(flatten)]
+    token: Box<TokenArgs>,
+}
+
+/// Flags of `coordination: token-server`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TokenArgs {
+    /// Token servers for `coordination: token-server` rules, in order of succession:
+    /// ID=HOST:PORT,… (their token listeners; the first is the primary). Messages are
+    /// authenticated with the cluster's shared key (--peer-key-file or SLUICE_PEER_KEY).
+    #[arg(long, value_name = "LIST")]
+    token_servers: Option<String>,
+    /// This node is the token server ID of --token-servers and serves it on --token-addr.
+    #[arg(long, value_name = "ID", requires = "token_servers")]
+    token_server_id: Option<u32>,
+    /// Address of this node's token server (default: 0.0.0.0 and the port of its entry).
+    #[arg(long, value_name = "ADDR", requires = "token_server_id")]
+    token_addr: Option<SocketAddr>,
+    /// How long a decision waits for a token server before the node decides locally with
+    /// what is left of its lease, then its share.
+    #[arg(long, default_value = "50ms")]
+    token_timeout: String,
+    /// How long a batch of permits stays usable after it was asked for.
+    #[arg(long, default_value = "100ms")]
+    token_lease: String,
+    /// Nodes sharing the token-server rules: the fallback share is 1/N of each limit
+    /// (default: the cluster's size, else 1).
+    #[arg(long, value_name = "N")]
+    token_nodes: Option<u64>,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -155,6 +185,58 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     Ok(Some((spec, args.peer_addr)))
 }
 
+fn token_spec(
+    args: &Args,
+    cluster: Option<&ClusterSpec>,
+) -> anyhow::Result<Option<sluice_server::daemon::TokenSpec>> {
+    use sluice_server::token_server::{ClientSpec, ServerSpec, parse_servers};
+    let Some(list) = &args.token.token_servers else {
+        return Ok(None);
+    };
+    let servers = parse_servers(list).context("--token-servers")?;
+    let key = match cluster {
+        Some(c) => c.key.clone(),
+        None => peer_key(args.peer_key_file.as_deref())?,
+    };
+    let timeout = duration("--token-timeout", &args.token.token_timeout)?;
+    let lease = sluice_limits::clock::nanos(duration("--token-lease", &args.token.token_lease)?);
+    anyhow::ensure!(lease > 0, "--token-lease must be positive");
+    let nodes = args
+        .token
+        .token_nodes
+        .unwrap_or_else(|| cluster.map_or(1, |c| c.peers.len() as u64 + 1));
+    let node_id = args.node_id.or(args.token.token_server_id).unwrap_or(0);
+    let mut client = ClientSpec::new(servers.clone(), node_id, key.clone(), nodes);
+    client.timeout = timeout;
+    let server = match args.token.token_server_id {
+        Some(id) => {
+            let entry = servers
+                .iter()
+                .find(|s| s.id == id)
+                .with_context(|| format!("--token-server-id {id} is not in --token-servers"))?;
+            let addr = match args.token.token_addr {
+                Some(a) => a,
+                None => {
+                    let port = entry
+                        .authority
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| p.parse::<u16>().ok())
+                        .with_context(|| {
+                            format!("token server {id}: no port in {}", entry.authority)
+                        })?;
+                    SocketAddr::from(([0, 0, 0, 0], port))
+                }
+            };
+            let mut spec = ServerSpec::new(servers.clone(), id, key);
+            spec.timeout = timeout;
+            spec.grants.lease = lease;
+            Some((spec, addr))
+        }
+        None => None,
+    };
+    Ok(Some(sluice_server::daemon::TokenSpec { client, server }))
+}
+
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     super::init_logs();
     let source = match &args.config {
@@ -165,11 +247,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "off" => None,
         w => Some(duration("--watch", w)?),
     };
+    let cluster = cluster_spec(&args)?;
+    let token = token_spec(&args, cluster.as_ref().map(|(c, _)| c))?;
     let spec = DaemonSpec {
         source,
         grpc_addr: args.grpc_addr,
         http_addr: Some(args.http_addr),
-        cluster: cluster_spec(&args)?,
+        cluster,
         watch,
         redis: match &args.redis_url {
             Some(url) => Some((
@@ -188,12 +272,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         // Validated before listening: a bad file stops the daemon with file, line and reason.
-        let daemon = Daemon::start(spec).await?;
+        let daemon = Daemon::start_with(spec, Extras { token }).await?;
         let s = daemon.status();
         tracing::info!(
             grpc = %daemon.grpc_addr,
             http = ?daemon.http_addr,
             peer = ?daemon.peer_addr,
+            token = ?daemon.token_addr,
             node = s.node_id,
             incarnation = s.incarnation,
             members = s.members.len() + 1,

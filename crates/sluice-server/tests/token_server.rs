@@ -1,0 +1,368 @@
+//! `coordination: token-server` on 127.0.0.1 (seed 002 §4.4(3) with the batching of
+//! §4.4(5)): two nodes drawing leases from one token server never admit more than the limit
+//! in a window under concurrent load; with the server killed every decision still comes
+//! within the timeout, locally (seed 002 §4.4(4)); a successor serves only once the dead
+//! server's leases have expired, and the permits given out from leases stay within the limit
+//! across the takeover.
+//!
+//! Each token server runs in a runtime of its own, so killing it (shutting that runtime
+//! down) closes its sockets and stops every task of it at once, as a crash would.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_limits::{AlgorithmKind, Limit};
+use sluice_redis::Source;
+use sluice_server::metrics::Metrics;
+use sluice_server::peer::PeerKey;
+use sluice_server::token_server::{
+    self, ClientSpec, ServerAddr, ServerSpec, TokenClient, TokenMode, TokenServerNode,
+};
+use sluice_server::{Code, Config, Descriptor, Engine, Request};
+
+const SECOND: u64 = 1_000_000_000;
+const LIMIT: u64 = 100;
+
+/// 100 per second, fixed windows aligned to the epoch: a run spans several windows.
+const RULES: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: 100
+      coordination: token-server
+";
+
+fn now() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap()
+}
+
+fn key() -> PeerKey {
+    PeerKey::from_text("token-server-test-key-0123456789").unwrap()
+}
+
+/// A token server in a runtime of its own.
+struct Server {
+    rt: Option<tokio::runtime::Runtime>,
+    node: Arc<TokenServerNode>,
+}
+
+impl Server {
+    fn start(listener: std::net::TcpListener, spec: ServerSpec) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let node = TokenServerNode::new(spec).unwrap();
+        let n = node.clone();
+        listener.set_nonblocking(true).unwrap();
+        rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            token_server::run(l, n, std::future::pending())
+                .await
+                .unwrap();
+        });
+        Self { rt: Some(rt), node }
+    }
+
+    /// Kills it: every task and socket of its runtime is gone when this returns.
+    async fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            tokio::task::spawn_blocking(move || rt.shutdown_timeout(Duration::from_secs(2)))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Waits until it serves.
+    async fn serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.node.status();
+            if s.active && s.serving_from.is_some_and(|f| f <= now()) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server never serves: {s:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// `n` listeners on 127.0.0.1 and the ordered server list over them (ids 0, 1, ...).
+fn listeners(n: usize) -> (Vec<std::net::TcpListener>, Vec<ServerAddr>) {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs = ls
+        .iter()
+        .enumerate()
+        .map(|(i, l)| ServerAddr {
+            id: u32::try_from(i).unwrap(),
+            authority: l.local_addr().unwrap().to_string(),
+        })
+        .collect();
+    (ls, addrs)
+}
+
+fn server_spec(servers: &[ServerAddr], id: u32) -> ServerSpec {
+    let mut s = ServerSpec::new(servers.to_vec(), id, key());
+    s.heartbeat = Duration::from_millis(20);
+    s.timeout = Duration::from_millis(50);
+    s
+}
+
+fn client(servers: &[ServerAddr], node: u32, timeout: Duration) -> TokenClient {
+    let mut c = ClientSpec::new(servers.to_vec(), 100 + node, key(), 2);
+    c.timeout = timeout;
+    TokenClient::new(c)
+}
+
+fn engine(c: TokenClient) -> Arc<Engine> {
+    let e = Engine::new(Config::from_yaml("rules.yaml", RULES).unwrap());
+    assert!(e.attach_token_server(c));
+    Arc::new(e)
+}
+
+/// Waits for the start of the next second.
+async fn next_window() {
+    let t = now();
+    tokio::time::sleep(Duration::from_nanos(SECOND - t % SECOND + 1_000_000)).await;
+}
+
+/// Decisions of one load run: (time, admitted, decided from a lease, how long it took).
+type Log = Vec<(u64, bool, bool, Duration)>;
+
+/// `tasks` callers per node, one request each `every`, until `until`.
+async fn load_engines(
+    engines: &[Arc<Engine>],
+    tasks: usize,
+    every: Duration,
+    until: Instant,
+) -> Log {
+    let mut handles = Vec::new();
+    for e in engines {
+        for _ in 0..tasks {
+            let e = e.clone();
+            handles.push(tokio::spawn(async move {
+                let r = Request::new("d", [Descriptor::new([("user", "u")])]);
+                let mut log = Log::new();
+                while Instant::now() < until {
+                    let (t, start) = (now(), Instant::now());
+                    let resp = e.should_rate_limit_async(t, &r).await.unwrap();
+                    log.push((t, resp.overall_code == Code::Ok, true, start.elapsed()));
+                    tokio::time::sleep(every).await;
+                }
+                log
+            }));
+        }
+    }
+    let mut all = Log::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    all
+}
+
+fn per_window(log: &Log, only_leases: bool) -> BTreeMap<u64, u64> {
+    let mut m = BTreeMap::new();
+    for &(t, ok, lease, _) in log {
+        if ok && (lease || !only_leases) {
+            *m.entry(t / SECOND).or_default() += 1;
+        }
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_never_admit_more_than_the_limit_per_window() {
+    let (mut ls, servers) = listeners(1);
+    let server = Server::start(ls.remove(0), server_spec(&servers, 0));
+    // A generous timeout: this test is about the limit, not the fallback.
+    let nodes = [
+        engine(client(&servers, 0, Duration::from_secs(2))),
+        engine(client(&servers, 1, Duration::from_secs(2))),
+    ];
+    server.serving().await;
+    // The window in progress when the server started counts as given out (it cannot know
+    // what a predecessor granted): start in the next one.
+    next_window().await;
+    let until = Instant::now() + Duration::from_millis(2_500);
+    let log = load_engines(&nodes, 3, Duration::from_millis(1), until).await;
+    let windows = per_window(&log, false);
+    assert!(windows.len() >= 2, "{windows:?}");
+    for (w, n) in &windows {
+        assert!(
+            *n <= LIMIT,
+            "window {w}: {n} admitted > {LIMIT}: {windows:?}"
+        );
+    }
+    // Offered ≈ 6,000/s: the two full windows are (nearly) used, not just safe.
+    let full: Vec<u64> = windows.values().copied().take(2).collect();
+    assert!(full.iter().all(|&n| n >= LIMIT / 2), "{windows:?}");
+    for e in &nodes {
+        let s = e.token_status().unwrap();
+        assert_eq!(s.mode, TokenMode::Central, "{s:?}");
+        assert_eq!(s.transitions, 0, "{s:?}");
+        assert!(
+            s.calls < s.decisions_central,
+            "batches, not one call per decision: {s:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_means_local_decisions_within_the_timeout() {
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    let (mut ls, servers) = listeners(1);
+    let mut server = Server::start(ls.remove(0), server_spec(&servers, 0));
+    let nodes = [
+        engine(client(&servers, 0, TIMEOUT)),
+        engine(client(&servers, 1, TIMEOUT)),
+    ];
+    server.serving().await;
+    next_window().await;
+    let until = Instant::now() + Duration::from_millis(2_200);
+    let load = {
+        let nodes = nodes.clone();
+        tokio::spawn(async move { load_engines(&nodes, 2, Duration::from_millis(2), until).await })
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.kill().await;
+    let killed = now();
+    let log = load.await.unwrap();
+    // Every decision came back (no error: `unwrap` above), and none waited much past the
+    // timeout (slack for a busy machine).
+    let slowest = log.iter().map(|l| l.3).max().unwrap();
+    assert!(
+        slowest <= TIMEOUT + Duration::from_millis(150),
+        "a decision took {slowest:?}"
+    );
+    // After the kill and the last lease, each node decides with half the limit.
+    let after: u64 = log
+        .iter()
+        .filter(|l| l.1 && l.0 >= killed + 200_000_000 && l.0 / SECOND > killed / SECOND)
+        .map(|l| l.0 / SECOND)
+        .fold(BTreeMap::<u64, u64>::new(), |mut m, w| {
+            *m.entry(w).or_default() += 1;
+            m
+        })
+        .into_values()
+        .max()
+        .unwrap_or(0);
+    assert!(
+        after <= LIMIT,
+        "{after} admitted in a window on the fallback shares"
+    );
+    assert!(after >= LIMIT / 2, "the fallback admits its share: {after}");
+    for e in &nodes {
+        let s = e.token_status().unwrap();
+        assert_eq!(s.mode, TokenMode::Fallback, "{s:?}");
+        assert_eq!(s.transitions, 1, "one switch, logged once: {s:?}");
+        assert!(s.decisions_local > 0, "{s:?}");
+        let text = Metrics::new(e.clone(), None).encode().unwrap();
+        assert!(text.contains("sluice_token_fallback 1"), "{text}");
+        assert!(text.contains("sluice_token_transitions 1"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    let (mut ls, servers) = listeners(2);
+    let l1 = ls.remove(1);
+    let mut primary = Server::start(ls.remove(0), server_spec(&servers, 0));
+    let successor = Server::start(l1, server_spec(&servers, 1));
+    let lease = server_spec(&servers, 0).grants.lease;
+    let clients: Vec<Arc<TokenClient>> = (0..2)
+        .map(|i| Arc::new(client(&servers, i, TIMEOUT)))
+        .collect();
+    primary.serving().await;
+    // The successor sees the primary and stands by.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !successor.node.status().active,
+        "{:?}",
+        successor.node.status()
+    );
+    next_window().await;
+    let limit = Limit::from_nanos(LIMIT, SECOND).unwrap();
+    let until = Instant::now() + Duration::from_millis(3_300);
+    let mut handles = Vec::new();
+    for c in &clients {
+        for _ in 0..2 {
+            let c = c.clone();
+            handles.push(tokio::spawn(async move {
+                let mut log = Log::new();
+                while Instant::now() < until {
+                    let (t, start) = (now(), Instant::now());
+                    let (d, source) = c.check(AlgorithmKind::FixedWindow, "k", &limit, t, 1).await;
+                    log.push((t, d.allowed, source == Source::Central, start.elapsed()));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                log
+            }));
+        }
+    }
+    // Kill the primary in the middle of a window.
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    primary.kill().await;
+    let killed = now();
+    let mut log = Log::new();
+    for h in handles {
+        log.extend(h.await.unwrap());
+    }
+    let s = successor.node.status();
+    assert!(s.active, "{s:?}");
+    assert_eq!(s.activations, 1, "{s:?}");
+    let from = s.serving_from.unwrap();
+    // Every lease of the primary was asked for before `killed`: expired by `killed + lease`.
+    assert!(
+        from >= killed + lease,
+        "the successor serves {} ms after the kill, before the primary's leases expired",
+        (from.saturating_sub(killed)) / 1_000_000
+    );
+    // Permits given out from leases, whichever server granted them: within the limit in every
+    // window, the window of the kill included.
+    let leased = per_window(&log, true);
+    for (w, n) in &leased {
+        assert!(
+            *n <= LIMIT,
+            "window {w}: {n} admitted from leases > {LIMIT}: {leased:?}"
+        );
+    }
+    // The successor serves: the clients take leases from it again.
+    let after: u64 = log
+        .iter()
+        .filter(|l| l.1 && l.2 && l.0 >= from + SECOND)
+        .count() as u64;
+    assert!(after > 0, "no lease from the successor: {leased:?}");
+    let slowest = log.iter().map(|l| l.3).max().unwrap();
+    assert!(
+        slowest <= TIMEOUT + Duration::from_millis(150),
+        "a decision took {slowest:?}"
+    );
+    for c in &clients {
+        let st = c.status();
+        assert_eq!(st.mode, TokenMode::Central, "{st:?}");
+        assert_eq!(st.server, 1, "{st:?}");
+        assert_eq!(st.transitions, 2, "to the fallback and back: {st:?}");
+    }
+}
