@@ -30,6 +30,30 @@ use crate::decision::Decision;
 use crate::gcra::{AsGcraLimit, GcraState, decide};
 use crate::limit::Limit;
 
+/// A borrowed form of a key of type `K`, to look a key up without building it: a server's
+/// key is often made of strings taken from a request, and building the owned key costs an
+/// allocation per part on every decision, while it is only needed when the key is new.
+///
+/// Contract: `self.matches(k)` exactly when `self.to_key() == *k`, and `self` hashes as
+/// `self.to_key()` does (same [`Hash`] writes). Every key is its own view.
+pub trait KeyView<K>: Hash {
+    /// Whether `key` is the key this view stands for.
+    fn matches(&self, key: &K) -> bool;
+    /// The owned key, built when it is stored.
+    fn to_key(&self) -> K;
+}
+
+impl<K: Hash + Eq + Clone> KeyView<K> for K {
+    #[inline]
+    fn matches(&self, key: &K) -> bool {
+        self == key
+    }
+    #[inline]
+    fn to_key(&self) -> K {
+        self.clone()
+    }
+}
+
 /// How a [`KeyedGcra`] is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyedConfig {
@@ -322,7 +346,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm> KeyedStore<K, A> {
 
 impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
     #[inline]
-    fn locate(&self, key: &K) -> (u64, &StoreShard<K, A>) {
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &StoreShard<K, A>) {
         let hash = self.hasher.hash_one(key);
         (
             hash,
@@ -333,16 +357,28 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
     /// Decides a request of `cost` for `key`, as `A::check` on the key's state. A key is
     /// stored only when a request for it is admitted (a denial leaves a state unchanged).
     pub fn check(&self, key: &K, limit: &Limit, now: Nanos, cost: u64) -> Decision {
-        let (hash, shard) = self.locate(key);
+        self.check_view(key, limit, now, cost)
+    }
+
+    /// [`KeyedStore::check`] for the key `view` stands for; the owned key is built only
+    /// when it is stored (a new key admitted).
+    pub fn check_view<Q: KeyView<K> + ?Sized>(
+        &self,
+        view: &Q,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        let (hash, shard) = self.locate(view);
         let mut table = shard.lock();
-        if let Some((_, state)) = table.find_mut(hash, |(k, _)| k == key) {
+        if let Some((_, state)) = table.find_mut(hash, |(k, _)| view.matches(k)) {
             return self.algorithm.check(state, limit, now, cost);
         }
         let mut state = self.algorithm.new_state(limit, now);
         let decision = self.algorithm.check(&mut state, limit, now, cost);
         if decision.allowed {
             let hasher = &self.hasher;
-            table.insert_unique(hash, (key.clone(), state), |(k, _)| hasher.hash_one(k));
+            table.insert_unique(hash, (view.to_key(), state), |(k, _)| hasher.hash_one(k));
         }
         decision
     }
@@ -350,9 +386,21 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
     /// Decides as [`KeyedStore::check`] would, changing nothing.
     #[must_use]
     pub fn peek(&self, key: &K, limit: &Limit, now: Nanos, cost: u64) -> Decision {
-        let (hash, shard) = self.locate(key);
+        self.peek_view(key, limit, now, cost)
+    }
+
+    /// [`KeyedStore::peek`] for the key `view` stands for; builds no key.
+    #[must_use]
+    pub fn peek_view<Q: KeyView<K> + ?Sized>(
+        &self,
+        view: &Q,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        let (hash, shard) = self.locate(view);
         let table = shard.lock();
-        match table.find(hash, |(k, _)| k == key) {
+        match table.find(hash, |(k, _)| view.matches(k)) {
             Some((_, state)) => self.algorithm.peek(state, limit, now, cost),
             None => self
                 .algorithm

@@ -179,6 +179,18 @@ impl Daemon {
         let metrics = state.metrics();
         let mut tasks = Vec::new();
         {
+            // Capacity leases: expired ones dropped, leased demand fed to cluster rules every
+            // 100 ms (not only when a client refreshes).
+            let (leases, engine, done) = (state.leases().clone(), engine.clone(), stopped());
+            tasks.push(tokio::spawn(crate::lease::tick_every(
+                leases,
+                engine,
+                crate::grpc::UnixClock,
+                std::time::Duration::from_millis(100),
+                done,
+            )));
+        }
+        {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;

@@ -47,12 +47,12 @@
 #[path = "central.rs"]
 pub mod central;
 
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
 use foldhash::HashMap;
-use parking_lot::RwLock;
-use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyedStore, Limit, Nanos, Options};
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyView, KeyedStore, Limit, Nanos, Options};
 
 use crate::config::{
     Config, ConfigError, ConfigSource, Coordination, Limited, Policy, RateLimit, Rule,
@@ -150,6 +150,12 @@ pub struct DescriptorStatus {
     /// limit). For the default fixed window, the time to the end of the window, like
     /// envoyproxy/ratelimit (which gives it in whole seconds).
     pub duration_until_reset: Option<Nanos>,
+    /// When refused, the algorithm's wait after which the same request would be admitted
+    /// (`sluice_limits::Decision::retry_after`): exact for every algorithm. `None` when
+    /// admitted, without a limit, when it can never be admitted (cost above the burst), or
+    /// when no wait is known (a block rule, a cluster node holding nothing): HTTP then
+    /// falls back to `duration_until_reset`. Not on Envoy's wire (the proto has no field).
+    pub retry_after: Option<Nanos>,
 }
 
 impl DescriptorStatus {
@@ -159,6 +165,7 @@ impl DescriptorStatus {
         current_limit: None,
         limit_remaining: 0,
         duration_until_reset: None,
+        retry_after: None,
     };
 
     /// `unlimited: true`.
@@ -167,6 +174,7 @@ impl DescriptorStatus {
         current_limit: None,
         limit_remaining: u32::MAX,
         duration_until_reset: None,
+        retry_after: None,
     };
 }
 
@@ -193,13 +201,80 @@ pub enum RequestError {
 
 /// The counter of one descriptor: its domain and its own key/value pairs (envoyproxy/
 /// ratelimit's cache key without the window, which the algorithm keeps).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct CounterKey {
     domain: Box<str>,
     entries: Box<[(Box<str>, Box<str>)]>,
     /// The descriptor's `limit` override, if it had one: such a counter is governed by it,
     /// not by the configuration (which is what [`Engine::retain_idle`] needs to know).
     limit: Option<RateLimit>,
+}
+
+/// The hash of a counter key from its parts, shared by [`CounterKey`] and [`CounterView`]
+/// so a request's borrowed strings find the stored key without building one.
+fn hash_counter<'a, H: Hasher>(
+    state: &mut H,
+    domain: &str,
+    entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    limit: Option<RateLimit>,
+) {
+    domain.hash(state);
+    state.write_usize(entries.len());
+    for (k, v) in entries {
+        k.hash(state);
+        v.hash(state);
+    }
+    limit.hash(state);
+}
+
+impl Hash for CounterKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_counter(
+            state,
+            &self.domain,
+            self.entries.iter().map(|(k, v)| (&**k, &**v)),
+            self.limit,
+        );
+    }
+}
+
+/// A [`CounterKey`] borrowed from a request: the decision's lookup allocates nothing; the
+/// owned key is built only when a new counter is stored.
+struct CounterView<'a> {
+    domain: &'a str,
+    descriptor: &'a Descriptor,
+}
+
+impl Hash for CounterView<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_counter(
+            state,
+            self.domain,
+            self.descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str())),
+            self.descriptor.limit,
+        );
+    }
+}
+
+impl KeyView<CounterKey> for CounterView<'_> {
+    fn matches(&self, key: &CounterKey) -> bool {
+        let d = self.descriptor;
+        *key.domain == *self.domain
+            && key.limit == d.limit
+            && key.entries.len() == d.entries.len()
+            && key
+                .entries
+                .iter()
+                .zip(&d.entries)
+                .all(|((k, v), e)| **k == *e.key && **v == *e.value)
+    }
+
+    fn to_key(&self) -> CounterKey {
+        CounterKey::new(self.domain, self.descriptor)
+    }
 }
 
 impl CounterKey {
@@ -256,7 +331,10 @@ enum Mode {
 /// Memory: a key is stored from its first admitted request until [`Engine::retain_idle`]
 /// finds it idle; the server shell calls that periodically.
 pub struct Engine {
-    loaded: RwLock<Arc<Loaded>>,
+    /// The configuration in force. `ArcSwap`: a decision reads it without writing to any
+    /// shared cache line (a lock or a reference count would bounce between the cores
+    /// deciding at once).
+    loaded: ArcSwap<Loaded>,
     /// One store per algorithm kind, in the order of [`AlgorithmKind::ALL`].
     stores: Vec<KeyedStore<CounterKey, AnyAlgorithm>>,
     stats: StatsRegistry,
@@ -316,7 +394,7 @@ impl Engine {
             .collect();
         let stats = StatsRegistry::default();
         Self {
-            loaded: RwLock::new(Arc::new(Loaded::new(config, &stats))),
+            loaded: ArcSwap::from_pointee(Loaded::new(config, &stats)),
             stores,
             stats,
             shares: OnceLock::new(),
@@ -328,13 +406,13 @@ impl Engine {
     /// The configuration in force.
     #[must_use]
     pub fn config(&self) -> Arc<Config> {
-        self.loaded.read().config.clone()
+        self.loaded.load().config.clone()
     }
 
     /// Puts `config` in force for the following requests.
     pub fn set_config(&self, config: Config) {
         let loaded = Arc::new(Loaded::new(config, &self.stats));
-        *self.loaded.write() = loaded;
+        self.loaded.store(loaded);
     }
 
     /// Every rule's decision counters (they survive reloads).
@@ -489,7 +567,7 @@ impl Engine {
         if central.is_none() && token.is_none() {
             return self.decide(now, request, Mode::Check);
         }
-        let loaded = self.loaded.read().clone();
+        let loaded = self.loaded.load_full();
         let Some(rules) = self.plan(&loaded, request)? else {
             return Ok(no_domain(request));
         };
@@ -602,7 +680,7 @@ impl Engine {
     }
 
     fn decide(&self, now: Nanos, request: &Request, mode: Mode) -> Result<Response, RequestError> {
-        let loaded = self.loaded.read().clone();
+        let loaded = self.loaded.load();
         let Some(rules) = self.plan(&loaded, request)? else {
             return Ok(no_domain(request));
         };
@@ -647,6 +725,7 @@ impl Engine {
                     };
                     if rule.shadow_mode {
                         s.code = Code::Ok;
+                        s.retry_after = None;
                     }
                     if mode == Mode::Check
                         && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
@@ -695,6 +774,7 @@ impl Engine {
                         current_limit: Some(rule.rate),
                         limit_remaining: 0,
                         duration_until_reset: Some(window_reset),
+                        retry_after: None,
                     };
                 };
                 share = l;
@@ -719,10 +799,13 @@ impl Engine {
             _ => limit,
         };
         let store = &self.stores[kind_index(rule.algorithm)];
-        let key = CounterKey::new(domain, d);
+        let key = CounterView {
+            domain,
+            descriptor: d,
+        };
         let decision = match mode {
-            Mode::Check => store.check(&key, limit, now, cost),
-            Mode::Peek => store.peek(&key, limit, now, cost),
+            Mode::Check => store.check_view(&key, limit, now, cost),
+            Mode::Peek => store.peek_view(&key, limit, now, cost),
         };
         to_status(rule, &decision, window_reset)
     }
@@ -782,6 +865,7 @@ fn blocked(rule: &Limited, window_reset: Nanos) -> DescriptorStatus {
         current_limit: Some(rule.rate),
         limit_remaining: 0,
         duration_until_reset: Some(window_reset),
+        retry_after: None,
     }
 }
 
@@ -803,5 +887,10 @@ fn to_status(
         current_limit: Some(rule.rate),
         limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(reset),
+        retry_after: if decision.allowed {
+            None
+        } else {
+            decision.retry_after
+        },
     }
 }

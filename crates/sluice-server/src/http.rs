@@ -424,8 +424,26 @@ async fn readyz(State(s): State<HttpState>) -> HttpResponse {
     }
 }
 
+/// `GET /v1/cluster`: the cluster's state, and where this node's central rules are decided
+/// now (`redis`, `token_server`: central or the local fallback, since when, how many
+/// switches) when it has them.
+#[derive(Serialize)]
+struct ClusterView {
+    #[serde(flatten)]
+    cluster: ClusterStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redis: Option<crate::central::CentralStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_server: Option<crate::token_server::TokenStatus>,
+}
+
 async fn cluster(State(s): State<HttpState>) -> HttpResponse {
-    match serde_json::to_vec(&s.cluster_status()) {
+    let view = ClusterView {
+        cluster: s.cluster_status(),
+        redis: s.engine.central_status(),
+        token_server: s.engine.token_status(),
+    };
+    match serde_json::to_vec(&view) {
         Ok(body) => ([(header::CONTENT_TYPE, JSON)], body).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -607,16 +625,12 @@ pub fn rate_limit_headers(response: &Response) -> Vec<(HeaderName, HeaderValue)>
 }
 
 /// How long the client of a refused descriptor should wait before retrying, ns: what
-/// `Retry-After` says (rounded up to whole seconds).
-///
-/// Today the engine reports only `duration_until_reset`, the time until the limit is back
-/// to its full allowance: exact for the default fixed window, an upper bound for the
-/// bucket algorithms, which admit again after one emission interval. Once
-/// [`DescriptorStatus`] carries the algorithm's own `retry_after` this becomes
-/// `status.retry_after.or(status.duration_until_reset)`: exact for every algorithm, and the
-/// reset when the request can never be admitted (its cost above the burst).
+/// `Retry-After` says (rounded up to whole seconds). The algorithm's own wait when it has
+/// one (exact for every algorithm: a bucket admits again after one emission interval, long
+/// before it is full), else the time until the limit is back to its full allowance (a
+/// request that can never be admitted, a block rule).
 fn retry_wait(status: &DescriptorStatus) -> Option<Nanos> {
-    status.duration_until_reset
+    status.retry_after.or(status.duration_until_reset)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1144,6 +1158,37 @@ mod tests {
             statuses: vec![no_limit()],
         };
         assert!(header_map(&none).is_empty());
+    }
+
+    #[test]
+    fn retry_after_is_the_algorithms_wait_not_the_reset() {
+        let config = Config::from_yaml(
+            "t.yaml",
+            "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: minute, requests_per_unit: 60, algorithm: gcra }
+",
+        )
+        .unwrap();
+        let engine = Engine::new(config);
+        let req = Request::new("d", [Descriptor::new([("k", "v")])]);
+        for _ in 0..60 {
+            assert_eq!(
+                engine.should_rate_limit(0, &req).unwrap().overall_code,
+                Code::Ok
+            );
+        }
+        let refused = engine.should_rate_limit(0, &req).unwrap();
+        // One permit per second comes back: retry in 1 s, though the bucket is full in 60 s.
+        assert_eq!(refused.statuses[0].retry_after, Some(1_000_000_000));
+        let h = header_map(&refused);
+        assert!(h.contains(&("retry-after".into(), "1".into())), "{h:?}");
+        assert!(
+            h.contains(&("ratelimit-reset".into(), "60".into())),
+            "{h:?}"
+        );
     }
 
     fn no_limit() -> DescriptorStatus {

@@ -16,6 +16,7 @@
 //! | `sluice_decision_duration_seconds` | histogram | `api` |
 //! | `sluice_requests_total` | counter | `api`, `answer` (`ok`, `over_limit`, `invalid`) |
 //! | `sluice_rule_decisions_total` | counter | `domain`, `rule`, `code` (`ok`, `over_limit`) |
+//! | `sluice_rule_shadow_decisions_total` | counter | `domain`, `rule` |
 //! | `sluice_rule_hits_total` | counter | `domain`, `rule`, `outcome` (`within_limit`, `over_limit`, `shadow_mode`) |
 //! | `sluice_engine_keys` | gauge | |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
@@ -279,6 +280,20 @@ fn encode_rules(encoder: &mut DescriptorEncoder<'_>, stats: &StatsRegistry) -> f
                 ];
                 ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
             }
+        }
+    }
+    {
+        let counter = ConstCounter::new(0u64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_rule_shadow_decisions",
+            "Descriptor decisions over the limit answered ok because the rule is in shadow mode \
+             (also counted in sluice_rule_decisions{code=\"ok\"})",
+            None,
+            counter.metric_type(),
+        )?;
+        for (domain, rule, c) in &rules {
+            let labels = [("domain", domain.as_str()), ("rule", rule.as_str())];
+            ConstCounter::new(c.decisions_shadow).encode(m.encode_family(&labels)?)?;
         }
     }
     let counter = ConstCounter::new(0u64);

@@ -76,23 +76,25 @@ impl Shares {
     /// this node enforces for it now.
     pub fn on_hit(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
         let shard = self.shard(key);
-        let entry = shard.read().get(&key).cloned();
-        let entry = match entry {
-            Some(e) => e,
-            None => shard
-                .write()
-                .entry(key)
-                .or_insert_with(|| {
-                    Arc::new(KeyShare {
-                        units: AtomicU64::new(0),
-                        hits: AtomicU64::new(0),
-                        count: AtomicU64::new(count),
-                        period: AtomicU64::new(period),
-                        known: std::sync::atomic::AtomicBool::new(false),
-                    })
-                })
-                .clone(),
-        };
+        // Under the read lock, without cloning the `Arc`: a clone per hit would write its
+        // reference count, a cache line every deciding core shares.
+        if let Some(entry) = shard.read().get(&key) {
+            return self.hit(entry, count, period, hits);
+        }
+        let mut guard = shard.write();
+        let entry = guard.entry(key).or_insert_with(|| {
+            Arc::new(KeyShare {
+                units: AtomicU64::new(0),
+                hits: AtomicU64::new(0),
+                count: AtomicU64::new(count),
+                period: AtomicU64::new(period),
+                known: std::sync::atomic::AtomicBool::new(false),
+            })
+        });
+        self.hit(entry, count, period, hits)
+    }
+
+    fn hit(&self, entry: &KeyShare, count: u64, period: Nanos, hits: u64) -> u64 {
         // Relaxed: each field is a value on its own; the driver tolerates a hit counted in
         // the next drain rather than this one.
         entry.hits.fetch_add(hits, Ordering::Relaxed);
@@ -104,7 +106,7 @@ impl Shares {
         if entry.period.load(Ordering::Relaxed) != period {
             entry.period.store(period, Ordering::Relaxed);
         }
-        self.units_of(&entry)
+        self.units_of(entry)
     }
 
     fn units_of(&self, e: &KeyShare) -> u64 {

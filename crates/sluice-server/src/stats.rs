@@ -3,28 +3,50 @@
 //! dashboards built for it keep working. Counters survive configuration reloads: a rule with
 //! the same domain and descriptor path keeps its counters.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
+/// Stripes per rule (a power of two). Every decision adds to its rule's counters; with one
+/// shared word per counter the cores deciding at once would pass its cache line back and
+/// forth on every request, so each thread adds to its own stripe and a snapshot sums them.
+const STRIPES: usize = 8;
+
+/// One stripe: the six counters of [`RuleCounts`], in one cache line.
+#[derive(Debug, Default)]
+struct Stripe {
+    total_hits: AtomicU64,
+    over_limit: AtomicU64,
+    within_limit: AtomicU64,
+    shadow_mode: AtomicU64,
+    decisions_ok: AtomicU64,
+    decisions_over_limit: AtomicU64,
+    decisions_shadow: AtomicU64,
+}
+
+/// This thread's stripe, handed out round robin on first use.
+fn stripe_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    INDEX.with(|i| {
+        if i.get() == usize::MAX {
+            i.set(NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES);
+        }
+        i.get()
+    })
+}
+
 /// Counters of one rule. Hits count `hits_addend` (like envoyproxy/ratelimit); decisions
-/// count descriptor statuses.
+/// count descriptor statuses. Read them with [`RuleStats::snapshot`].
 #[derive(Debug, Default)]
 pub struct RuleStats {
-    /// Hits asked for.
-    pub total_hits: AtomicU64,
-    /// Hits refused (answered `OVER_LIMIT`).
-    pub over_limit: AtomicU64,
-    /// Hits admitted.
-    pub within_limit: AtomicU64,
-    /// Hits over the limit but answered `OK` because the rule is in shadow mode.
-    pub shadow_mode: AtomicU64,
-    /// Descriptor decisions answered `OK` (shadowed ones included).
-    pub decisions_ok: AtomicU64,
-    /// Descriptor decisions answered `OVER_LIMIT`.
-    pub decisions_over_limit: AtomicU64,
+    stripes: [CachePadded<Stripe>; STRIPES],
 }
 
 /// One decision's outcome, for [`RuleStats::record`].
@@ -41,34 +63,44 @@ pub enum Outcome {
 impl RuleStats {
     /// Counts one descriptor decision of `hits` hits.
     pub fn record(&self, outcome: Outcome, hits: u64) {
+        let s = &self.stripes[stripe_index()];
         // Relaxed: independent counters, read for reporting only.
-        self.total_hits.fetch_add(hits, Ordering::Relaxed);
+        s.total_hits.fetch_add(hits, Ordering::Relaxed);
         match outcome {
             Outcome::Within => {
-                self.within_limit.fetch_add(hits, Ordering::Relaxed);
-                self.decisions_ok.fetch_add(1, Ordering::Relaxed);
+                s.within_limit.fetch_add(hits, Ordering::Relaxed);
+                s.decisions_ok.fetch_add(1, Ordering::Relaxed);
             }
             Outcome::Over => {
-                self.over_limit.fetch_add(hits, Ordering::Relaxed);
-                self.decisions_over_limit.fetch_add(1, Ordering::Relaxed);
+                s.over_limit.fetch_add(hits, Ordering::Relaxed);
+                s.decisions_over_limit.fetch_add(1, Ordering::Relaxed);
             }
             Outcome::Shadow => {
-                self.shadow_mode.fetch_add(hits, Ordering::Relaxed);
-                self.decisions_ok.fetch_add(1, Ordering::Relaxed);
+                s.shadow_mode.fetch_add(hits, Ordering::Relaxed);
+                s.decisions_ok.fetch_add(1, Ordering::Relaxed);
+                s.decisions_shadow.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// The counters' current values.
+    /// The counters' current values (each summed over the stripes; a decision being
+    /// recorded meanwhile may be seen in some counters and not yet in others).
     #[must_use]
     pub fn snapshot(&self) -> RuleCounts {
+        let sum = |f: fn(&Stripe) -> &AtomicU64| {
+            self.stripes
+                .iter()
+                .map(|s| f(s).load(Ordering::Relaxed))
+                .fold(0u64, u64::wrapping_add)
+        };
         RuleCounts {
-            total_hits: self.total_hits.load(Ordering::Relaxed),
-            over_limit: self.over_limit.load(Ordering::Relaxed),
-            within_limit: self.within_limit.load(Ordering::Relaxed),
-            shadow_mode: self.shadow_mode.load(Ordering::Relaxed),
-            decisions_ok: self.decisions_ok.load(Ordering::Relaxed),
-            decisions_over_limit: self.decisions_over_limit.load(Ordering::Relaxed),
+            total_hits: sum(|s| &s.total_hits),
+            over_limit: sum(|s| &s.over_limit),
+            within_limit: sum(|s| &s.within_limit),
+            shadow_mode: sum(|s| &s.shadow_mode),
+            decisions_ok: sum(|s| &s.decisions_ok),
+            decisions_over_limit: sum(|s| &s.decisions_over_limit),
+            decisions_shadow: sum(|s| &s.decisions_shadow),
         }
     }
 }
@@ -76,18 +108,21 @@ impl RuleStats {
 /// A copy of a rule's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RuleCounts {
-    /// See [`RuleStats::total_hits`].
+    /// Hits asked for.
     pub total_hits: u64,
-    /// See [`RuleStats::over_limit`].
+    /// Hits refused (answered `OVER_LIMIT`).
     pub over_limit: u64,
-    /// See [`RuleStats::within_limit`].
+    /// Hits admitted.
     pub within_limit: u64,
-    /// See [`RuleStats::shadow_mode`].
+    /// Hits over the limit but answered `OK` because the rule is in shadow mode.
     pub shadow_mode: u64,
-    /// See [`RuleStats::decisions_ok`].
+    /// Descriptor decisions answered `OK` (shadowed ones included).
     pub decisions_ok: u64,
-    /// See [`RuleStats::decisions_over_limit`].
+    /// Descriptor decisions answered `OVER_LIMIT`.
     pub decisions_over_limit: u64,
+    /// Descriptor decisions over the limit answered `OK` (shadow mode; also counted in
+    /// `decisions_ok`).
+    pub decisions_shadow: u64,
 }
 
 /// The counters of every rule ever configured, by `(domain, descriptor path)`.

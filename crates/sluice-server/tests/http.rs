@@ -537,6 +537,11 @@ async fn metrics_count_the_decisions() {
             )
         };
         assert_eq!(hits("user", "shadow_mode"), Some(1.0));
+        let shadow = m.get(
+            "sluice_rule_shadow_decisions_total",
+            &[("domain", "edge_proxy_per_ip"), ("rule", "user")],
+        );
+        assert_eq!(shadow, Some(1.0), "one shadowed decision");
         assert_eq!(hits("user", "within_limit"), Some(2.0));
         assert_eq!(hits("remote_address", "over_limit"), Some(2.0));
         let requests = |api: &str, answer: &str| {

@@ -5,6 +5,7 @@ pub(crate) mod bench;
 pub(crate) mod demo;
 pub(crate) mod replay;
 pub(crate) mod serve;
+pub(crate) mod settings;
 pub(crate) mod sim;
 
 /// Structured logs on stderr; `RUST_LOG` filters them (default `info`).

@@ -1,6 +1,7 @@
 //! `sluice serve`: the node daemon, a drop-in Envoy rate limit service (gRPC RLS v3 and
 //! HTTP), alone or in a cluster that divides `coordination: cluster` limits.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,6 +14,10 @@ use sluice_server::peer::PeerKey;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
+    /// Settings file (YAML): any of these flags as `flag_name: value` (lists for --peers and
+    /// --redis-url). A flag on the command line wins over the file. See the README.
+    #[arg(long, value_name = "PATH")]
+    settings: Option<PathBuf>,
     /// envoyproxy/ratelimit configuration: a YAML file, or a directory of `*.yaml` files
     /// (reloaded when they change). Without it, the built-in example (domain `example`,
     /// 10/s per `remote_address`).
@@ -237,8 +242,39 @@ fn token_spec(
     Ok(Some(sluice_server::daemon::TokenSpec { client, server }))
 }
 
+/// `args` again, with the settings file's values applied under the command line's flags
+/// (`rest`: the arguments after `serve`).
+fn with_settings(file: &Path, rest: impl Iterator<Item = OsString>) -> anyhow::Result<Args> {
+    use clap::{Args as _, FromArgMatches as _};
+    // A flag given twice takes its last value: the file's come first, so the command line wins.
+    let command = Args::augment_args(clap::Command::new("sluice serve")).args_override_self(true);
+    let known: Vec<(String, bool)> = command
+        .get_arguments()
+        .filter_map(|a| {
+            a.get_long()
+                .map(|l| (l.to_owned(), a.get_action().takes_values()))
+        })
+        .collect();
+    let mut argv = vec![OsString::from("sluice serve")];
+    argv.extend(super::settings::flags_from_file(file, &known)?);
+    argv.extend(rest);
+    let matches = command.try_get_matches_from(argv).map_err(|e| {
+        anyhow::anyhow!(
+            "{} (with the settings from {})",
+            e.render().to_string().trim_end(),
+            file.display()
+        )
+    })?;
+    Ok(Args::from_arg_matches(&matches)?)
+}
+
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     super::init_logs();
+    let args = match &args.settings {
+        // Everything after `sluice serve`, as the user typed it.
+        Some(file) => with_settings(file, std::env::args_os().skip(2))?,
+        None => args,
+    };
     let source = match &args.config {
         Some(path) => ConfigSource::Path(path.clone()),
         None => ConfigSource::Example,
@@ -319,5 +355,54 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_wins_over_the_settings_file() {
+        let dir = std::env::temp_dir().join(format!("sluice-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sluice.yaml");
+        std::fs::write(
+            &file,
+            "grpc_addr: 127.0.0.1:9081\nhttp-addr: 127.0.0.1:9080\nnode_id: 1\npeers:\n  - 2=127.0.0.1:9002\n  - 3=127.0.0.1:9003@0.5\ncycle: 50ms\n",
+        )
+        .unwrap();
+        let rest = [
+            "--settings",
+            file.to_str().unwrap(),
+            "--http-addr",
+            "127.0.0.1:7080",
+        ]
+        .into_iter()
+        .map(OsString::from);
+        let args = with_settings(&file, rest).unwrap();
+        assert_eq!(args.grpc_addr, "127.0.0.1:9081".parse().unwrap());
+        assert_eq!(args.http_addr, "127.0.0.1:7080".parse().unwrap());
+        assert_eq!(args.node_id, Some(1));
+        assert_eq!(
+            args.peers.as_deref(),
+            Some("2=127.0.0.1:9002,3=127.0.0.1:9003@0.5")
+        );
+        assert_eq!(args.cycle, "50ms");
+        assert_eq!(
+            args.peer_addr,
+            "0.0.0.0:8082".parse().unwrap(),
+            "default kept"
+        );
+
+        std::fs::write(&file, "grpc_addr: not-an-address\n").unwrap();
+        let e = with_settings(&file, std::iter::empty())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--grpc-addr") && e.contains("sluice.yaml"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
