@@ -3,8 +3,9 @@
 //! workload and seed (seed 000 §6, seed 003 §III).
 //!
 //! * `sluice` drives the production [`Node`](sluice_coord::Node) state machines through
-//!   [`sluice_coord::testing::Cluster`] (real wire encoding, loss, duplication, delay,
-//!   crashes, partitions).
+//!   a seeded network that is, event for event, [`sluice_coord::testing::Cluster`]'s
+//!   (real wire encoding, loss, duplication, delay, crashes, partitions), kept fast enough
+//!   for 1,000 nodes (see `cluster/net.rs`).
 //! * `dst-sync` is seed 000 eq. 3 in synchronous rounds, as published: a small direct
 //!   implementation of the published law (NOT Sluice's protocol), kept here as a baseline.
 //! * `static` gives every node `L/N` for ever.
@@ -28,9 +29,11 @@ use sluice_coord::law::{Measure, jfi};
 use sluice_coord::node::Config;
 use sluice_coord::pacing::Strategy as PacingStrategy;
 use sluice_coord::stability::{ConfigError, max_gain};
-use sluice_coord::testing::{Cluster, NetConfig, Rng, Step, links_of};
+use sluice_coord::testing::{NetConfig, Rng, links_of};
 use sluice_coord::wire::NodeId;
 use sluice_graph::{GraphError, Topology, TopologySpec, auto_gamma};
+
+mod net;
 
 /// The one key every node limits.
 const KEY: u64 = 1;
@@ -800,7 +803,7 @@ impl Run<'_> {
             max_delay,
         };
         let nn = n as u32;
-        let mut c = Cluster::new(
+        let mut c = net::Net::new(
             nn,
             &self.edges(),
             |id, links| {
@@ -821,26 +824,26 @@ impl Run<'_> {
         for k in 0..s.cycles {
             let ev = self.events(k);
             for id in ev.crash {
-                c.apply(Step::Crash(id));
+                c.crash(id);
             }
             for id in ev.restart {
-                c.apply(Step::Restart(id));
+                c.restart(id);
             }
             if ev.heal {
-                c.apply(Step::Heal);
+                c.heal();
             }
             if let Some(cut) = ev.cut {
-                c.apply(Step::Partition(cut));
+                c.partition(&cut);
             }
             let r = self.demand.at(k);
             for (i, (&v, old)) in r.iter().zip(last.iter_mut()).enumerate() {
                 // Only changes are applied: the harness re-asserts demand every cycle.
                 if v.to_bits() != old.to_bits() {
-                    c.apply(Step::SetDemand(i as u32, KEY, v));
+                    c.set_demand(i as u32, KEY, v);
                     *old = v;
                 }
             }
-            c.apply(Step::Run(1));
+            c.run_cycle();
             let now = c.now();
             let enforced: Vec<f64> = (0..nn)
                 .map(|i| c.node(i).map_or(0.0, |nd| nd.enforced(KEY, now) as f64))
@@ -849,12 +852,7 @@ impl Run<'_> {
             progress(k + 1, s.cycles);
         }
         let over = c.max_over.max(i128::from(i64::MIN)) as f64;
-        Ok((
-            trace,
-            over,
-            (c.traffic.messages, c.traffic.bytes),
-            c.indicators(KEY),
-        ))
+        Ok((trace, over, (c.messages, c.bytes), c.indicators(KEY)))
     }
 
     /// Seed 000 eq. 3 in synchronous rounds, as published: every node sends `p_i` to its
@@ -870,9 +868,10 @@ impl Run<'_> {
         let mut x = vec![limit / n as f64; n];
         let mut alive = vec![true; n];
         let mut cut = vec![false; n];
+        let edges = self.edges();
         let adj: Vec<Vec<(usize, f64)>> = (0..n)
             .map(|i| {
-                links_of(i as NodeId, &self.edges())
+                links_of(i as NodeId, &edges)
                     .into_iter()
                     .map(|(j, w)| (j as usize, w))
                     .collect()

@@ -9,8 +9,18 @@
 //! empty (CSV) / `null` (JSON) when the request can never be admitted under the limit
 //! (its cost exceeds what the limit can hold). Each key has its own state. The replay
 //! streams: memory is the state of the keys seen, not the trace.
+//!
+//! [`replay`] decides in memory with `sluice-limits`; [`replay_with`] takes any decision
+//! function, so the same reader, checks and writer serve every backend. With the `redis`
+//! feature (on by default), [`redis::replay_redis`] sends every decision through
+//! `sluice-redis` with the trace's own timestamps: the output is byte-identical to the
+//! in-memory one (`crates/sluice/tests/replay_backends.rs`), which is the conformance
+//! suite of issue 5 run end to end.
 
-use std::collections::HashMap;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Read, Write};
 use std::str::FromStr;
 
@@ -127,7 +137,23 @@ pub enum ReplayError {
     /// Writing a decision failed.
     #[error("cannot write decisions: {0}")]
     Write(#[source] io::Error),
+    /// The backend could not decide a request (e.g. Redis stopped answering).
+    #[error("line {line}: the backend could not decide")]
+    Decide {
+        /// Line number of the request.
+        line: u64,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The backend cannot run this replay at all (an algorithm it has no implementation
+    /// of, an address it cannot reach).
+    #[error("cannot use the backend")]
+    Backend(#[source] BoxError),
 }
+
+/// A backend's error, whatever its type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// One output row.
 #[derive(serde::Serialize)]
@@ -206,7 +232,8 @@ fn number(line: u64, field: &'static str, value: &str) -> Result<u64, ReplayErro
     })
 }
 
-/// Replays the trace read from `input` and writes one decision per request to `output`.
+/// Replays the trace read from `input` and writes one decision per request to `output`,
+/// deciding in memory with `config.algorithm` (one state per key).
 ///
 /// # Errors
 /// A [`ReplayError`] naming the line for a bad header, a row without three fields, a
@@ -217,13 +244,71 @@ pub fn replay<R: Read, W: Write>(
     input: R,
     output: W,
 ) -> Result<ReplaySummary, ReplayError> {
+    let (alg, limit) = (&config.algorithm, &config.limit);
+    let mut states: HashMap<String, AnyState> = HashMap::new();
+    let mut summary = drive(config.format, input, output, |key, now, cost| {
+        if let Some(state) = states.get_mut(key) {
+            return Ok::<_, std::convert::Infallible>(alg.check(state, limit, now, cost));
+        }
+        let mut state = alg.new_state(limit, now);
+        let decision = alg.check(&mut state, limit, now, cost);
+        states.insert(key.to_string(), state);
+        Ok(decision)
+    })?;
+    summary.keys = states.len();
+    Ok(summary)
+}
+
+/// Replays the trace with decisions made by `decide(key, time_ns, cost)`: the reader, the
+/// checks of the trace and the writer of [`replay`], for any backend. `decide` is called
+/// once per request, in trace order, and owns the per-key state.
+///
+/// # Errors
+/// As [`replay`], and [`ReplayError::Decide`] (naming the line) when `decide` fails; rows
+/// before that one have been written.
+pub fn replay_with<R, W, E, F>(
+    format: OutputFormat,
+    input: R,
+    output: W,
+    mut decide: F,
+) -> Result<ReplaySummary, ReplayError>
+where
+    R: Read,
+    W: Write,
+    E: Into<BoxError>,
+    F: FnMut(&str, Nanos, u64) -> Result<Decision, E>,
+{
+    // The backend keeps the state; the keys are only counted for the summary.
+    let mut keys: HashSet<String> = HashSet::new();
+    let mut summary = drive(format, input, output, |key, now, cost| {
+        if !keys.contains(key) {
+            keys.insert(key.to_string());
+        }
+        decide(key, now, cost)
+    })?;
+    summary.keys = keys.len();
+    Ok(summary)
+}
+
+/// The loop shared by every backend; `summary.keys` is left to the caller.
+fn drive<R, W, E, F>(
+    format: OutputFormat,
+    input: R,
+    output: W,
+    mut decide: F,
+) -> Result<ReplaySummary, ReplayError>
+where
+    R: Read,
+    W: Write,
+    E: Into<BoxError>,
+    F: FnMut(&str, Nanos, u64) -> Result<Decision, E>,
+{
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         .trim(csv::Trim::All)
         .from_reader(input);
-    let mut sink = Sink::new(config.format, output)?;
-    let mut states: HashMap<String, AnyState> = HashMap::new();
+    let mut sink = Sink::new(format, output)?;
     let mut summary = ReplaySummary::default();
     let mut record = csv::StringRecord::new();
     let mut previous: Option<Nanos> = None;
@@ -268,7 +353,10 @@ pub fn replay<R: Read, W: Write>(
             });
         }
         previous = Some(time);
-        let decision = decide(config, &mut states, key, time, cost);
+        let decision = decide(key, time, cost).map_err(|e| ReplayError::Decide {
+            line,
+            source: e.into(),
+        })?;
         summary.requests += 1;
         if decision.allowed {
             summary.allowed += 1;
@@ -287,25 +375,7 @@ pub fn replay<R: Read, W: Write>(
         return Err(ReplayError::Empty);
     }
     sink.finish()?;
-    summary.keys = states.len();
     Ok(summary)
-}
-
-fn decide(
-    config: &Replay,
-    states: &mut HashMap<String, AnyState>,
-    key: &str,
-    now: Nanos,
-    cost: u64,
-) -> Decision {
-    let (alg, limit) = (&config.algorithm, &config.limit);
-    if let Some(state) = states.get_mut(key) {
-        return alg.check(state, limit, now, cost);
-    }
-    let mut state = alg.new_state(limit, now);
-    let decision = alg.check(&mut state, limit, now, cost);
-    states.insert(key.to_string(), state);
-    decision
 }
 
 #[cfg(test)]
@@ -408,6 +478,71 @@ mod tests {
             }
             proptest::prop_assert_eq!(run(&cfg, &input).unwrap(), expected);
         }
+    }
+
+    proptest::proptest! {
+        /// `replay_with` given the in-memory algorithm writes exactly what `replay` writes,
+        /// and counts the same keys: every backend shares one reader, checker and writer.
+        #[test]
+        fn replay_with_memory_is_replay(
+            kind in proptest::sample::select(sluice_limits::AlgorithmKind::ALL.to_vec()),
+            rows in proptest::collection::vec((0u64..40, 0usize..4, 0u64..5), 0..60),
+            jsonl in proptest::bool::ANY,
+        ) {
+            let format = if jsonl { OutputFormat::Jsonl } else { OutputFormat::Csv };
+            let cfg = config(kind, "3/100ns", format);
+            let mut input = String::from("time_ns,key,cost\n");
+            let mut t = 0;
+            for (dt, key, cost) in rows {
+                t += dt;
+                input += &format!("{t},k{key},{cost}\n");
+            }
+            let mut want = Vec::new();
+            let want_summary = replay(&cfg, input.as_bytes(), &mut want).unwrap();
+            let mut states: HashMap<String, AnyState> = HashMap::new();
+            let mut got = Vec::new();
+            let got_summary = replay_with(format, input.as_bytes(), &mut got, |key, now, cost| {
+                let state = states
+                    .entry(key.to_string())
+                    .or_insert_with(|| cfg.algorithm.new_state(&cfg.limit, now));
+                Ok::<_, std::convert::Infallible>(cfg.algorithm.check(state, &cfg.limit, now, cost))
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(got_summary, want_summary);
+        }
+    }
+
+    /// A backend failing mid-way stops the replay with its error and the line; the rows
+    /// before it are written.
+    #[test]
+    fn a_failing_backend_names_the_line() {
+        let mut out = Vec::new();
+        let mut calls = 0;
+        let e = replay_with(
+            OutputFormat::Csv,
+            &b"time_ns,key,cost\n0,a,1\n5,a,1\n"[..],
+            &mut out,
+            |_, _, _| {
+                calls += 1;
+                if calls == 2 {
+                    return Err(io::Error::other("connection reset"));
+                }
+                Ok(Decision::allow(1, 0, 0))
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "line 3: the backend could not decide");
+        assert_eq!(
+            std::error::Error::source(&e).map(ToString::to_string),
+            Some("connection reset".to_string())
+        );
+        assert!(matches!(e, ReplayError::Decide { line: 3, .. }));
+        drop(e);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "time_ns,key,cost,allowed,remaining,retry_after_ns\n0,a,1,true,0,0\n"
+        );
     }
 
     #[test]

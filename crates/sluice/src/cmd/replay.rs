@@ -1,5 +1,7 @@
 //! `sluice replay`: a recorded trace through one limiting algorithm, one decision per request.
-//! The logic is `sluice_sim::replay`; this only reads the arguments.
+//! The logic is `sluice_sim::replay`; this only reads the arguments. `--backend redis://…`
+//! sends every decision through the `sluice-redis` scripts with the trace's timestamps: the
+//! output is byte-identical to the in-memory one.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -8,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sluice_limits::limit::parse_duration;
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, Limit, Nanos, Options, SlidingWindow, WarmUp};
+use sluice_sim::replay::redis::replay_redis;
 use sluice_sim::replay::{OutputFormat, Replay, replay};
 
 /// Arguments of `sluice replay`.
@@ -41,6 +44,35 @@ pub(crate) struct Args {
     /// Print totals (requests, admitted, keys) to standard error at the end.
     #[arg(long)]
     summary: bool,
+    /// Who decides: `memory` (sluice-limits in this process) or `redis://HOST:PORT[/DB]`
+    /// (the sluice-redis scripts on that server, with the trace's timestamps; every
+    /// algorithm but warm-up).
+    #[arg(long, default_value = "memory", value_parser = backend)]
+    backend: Backend,
+    /// With a Redis backend: the prefix of every key it writes (default: one of its own per
+    /// run, `sluice-replay:PID.NANOS:`, so runs never share state). Keys expire a day
+    /// after their last use.
+    #[arg(long)]
+    redis_prefix: Option<String>,
+}
+
+/// Where decisions are made.
+#[derive(Debug, Clone)]
+enum Backend {
+    Memory,
+    Redis(String),
+}
+
+fn backend(s: &str) -> Result<Backend, String> {
+    if s == "memory" {
+        Ok(Backend::Memory)
+    } else if s.starts_with("redis://") || s.starts_with("rediss://") {
+        Ok(Backend::Redis(s.to_string()))
+    } else {
+        Err(format!(
+            "unknown backend {s:?} (expected memory or redis://HOST:PORT)"
+        ))
+    }
 }
 
 fn duration(s: &str) -> Result<Nanos, String> {
@@ -79,7 +111,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         None => Box::new(io::stdout().lock()),
     };
     let trace = args.trace.display();
-    let summary = replay(&config, input, output).with_context(|| format!("replaying {trace}"))?;
+    let summary = match &args.backend {
+        Backend::Memory => replay(&config, input, output),
+        Backend::Redis(url) => {
+            let prefix = args.redis_prefix.clone().unwrap_or_else(unique_prefix);
+            replay_redis(&config, url, &prefix, input, output)
+        }
+    }
+    .with_context(|| format!("replaying {trace}"))?;
     if args.summary {
         eprintln!(
             "{} requests, {} admitted ({} permits), {} keys",
@@ -87,4 +126,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A key prefix no other run uses: the process id and the wall clock (the binary may read
+/// it; the replay itself only uses the trace's time).
+fn unique_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("sluice-replay:{}.{nanos}:", std::process::id())
 }
