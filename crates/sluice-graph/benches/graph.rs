@@ -18,6 +18,15 @@ fn analysis(c: &mut Criterion) {
     g.bench_function("grid:25x40", |b| {
         b.iter(|| Analysis::new(black_box(&grid), None, &Noise::Iid { sigma: 1.0 }).unwrap())
     });
+    let rr8 = Topology::random_regular(1000, 8, 0).unwrap();
+    g.bench_function("random-regular:1000:8", |b| {
+        b.iter(|| Analysis::new(black_box(&rr8), None, &Noise::Iid { sigma: 1.0 }).unwrap())
+    });
+    // m = 499,500 links: the Laplacian is dense, the decomposition the same O(n³).
+    let k1000 = Topology::complete(1000).unwrap();
+    g.bench_function("complete:1000", |b| {
+        b.iter(|| Analysis::new(black_box(&k1000), None, &Noise::Iid { sigma: 1.0 }).unwrap())
+    });
     g.finish();
 }
 
@@ -59,5 +68,24 @@ fn synthesis(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, analysis, synthesis);
+/// The densest 100-node case: K100, m = 4,950 links. The m×m Newton system would cost
+/// ~4·10¹⁰ flops per step; the matrix-free path (Newton–CG) is what makes it fit.
+fn synthesis_dense(c: &mut Criterion) {
+    let mut g = c.benchmark_group("synthesis-dense");
+    g.sample_size(10);
+    let k100 = Topology::complete(100).unwrap();
+    let noise = Noise::Iid { sigma: 1.0 };
+    let gamma = Analysis::new(&k100, None, &noise).unwrap().gamma_opt;
+    g.bench_function("fastest complete:100", |b| {
+        b.iter(|| fastest_weights(black_box(&k100), gamma, SolverOptions::default()).unwrap())
+    });
+    g.bench_function("robust complete:100", |b| {
+        b.iter(|| {
+            robust_weights(black_box(&k100), gamma, &noise, SolverOptions::default()).unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, analysis, synthesis, synthesis_dense);
 criterion_main!(benches);

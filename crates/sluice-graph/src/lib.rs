@@ -37,5 +37,5 @@ pub use analysis::{
 };
 pub use error::GraphError;
 pub use spec::{DEFAULT_SEED, TopologySpec};
-pub use synthesis::{SolverOptions, Synthesis, fastest_weights, robust_weights};
+pub use synthesis::{NewtonSystem, SolverOptions, Synthesis, fastest_weights, robust_weights};
 pub use topology::{Edge, Topology};

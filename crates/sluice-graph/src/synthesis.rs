@@ -3,8 +3,24 @@
 //!
 //! Both are solved in pure Rust by the barrier method (Boyd & Vandenberghe §11.3): damped
 //! Newton on `t·objective + barrier`, `t` growing geometrically. The variables are the `m`
-//! link weights (plus θ for SDP 33), never an n×n matrix, so each Newton step costs
-//! O(n³ + m³) with the rank-one structure `L_e = u_e u_eᵀ`, `u_e = e_a − e_b`.
+//! link weights (plus θ for SDP 33), never an n×n matrix. With the rank-one structure
+//! `L_e = u_e u_eᵀ`, `u_e = e_a − e_b`, every Hessian entry is a product of quadratic forms
+//! such as `(u_eᵀ S u_f)²`, so a Newton step can be taken two ways:
+//!
+//! - **dense**: form the m×m Hessian and factor it, O(n³ + m³) per step. Best for sparse
+//!   graphs (m a small multiple of n).
+//! - **matrix-free** (Newton–CG): never form the Hessian. Because
+//!   `Σ_f (u_eᵀ S u_f)(u_fᵀ P u_e) v_f = u_eᵀ (S L(v) P) u_e` with `L(v) = Σ_f v_f L_f`, one
+//!   Hessian-vector product is two n×n matrix products and a diagonal read-out over the
+//!   links, O(n³ + m), solved by conjugate gradients preconditioned with the Hessian's
+//!   diagonal (itself O(n² + m)). Dense graphs (K100: m = 4,950) take this path; an m×m
+//!   factorisation there costs ~4·10¹⁰ flops per step. CG needs few iterations for SDP 35
+//!   and for edge-transitive graphs, but hundreds for SDP 33 on irregular graphs (see
+//!   [`NewtonSystem::Auto`]'s estimates), so mid-density irregular graphs stay slow.
+//!
+//! [`NewtonSystem::Auto`] picks by the cost estimate. The certificate below does not depend
+//! on how the steps were computed: an inexact Newton direction can only cost steps, never
+//! a wrong bound.
 //!
 //! Every answer carries a certificate: a Lagrangian lower bound on the optimum, built from
 //! the final point and checked in closed form (no trust in the iterations), and the duality
@@ -24,6 +40,8 @@ pub struct SolverOptions {
     pub tolerance: f64,
     /// Total Newton steps allowed.
     pub max_newton_steps: usize,
+    /// How each Newton system is solved.
+    pub newton_system: NewtonSystem,
 }
 
 impl Default for SolverOptions {
@@ -31,9 +49,56 @@ impl Default for SolverOptions {
         Self {
             tolerance: 1e-8,
             max_newton_steps: 3000,
+            newton_system: NewtonSystem::Auto,
         }
     }
 }
+
+/// How the barrier method solves its Newton systems (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NewtonSystem {
+    /// Dense when the m×m factorisation is estimated cheaper than the matrix-free solve, else
+    /// matrix-free.
+    #[default]
+    Auto,
+    /// Form and factor the m×m Hessian.
+    Dense,
+    /// Conjugate gradients on Hessian-vector products, no m×m matrix.
+    MatrixFree,
+}
+
+/// CG iterations per Newton step assumed by `Auto`, measured (release, 100 nodes):
+/// SDP 35 needs a handful; SDP 33 needs hundreds on irregular graphs, because near the
+/// optimum `(θI ∓ B)⁻¹` is dominated by the few eigenvectors at λ2 and λn (a low-rank, huge
+/// part of the Hessian that a diagonal preconditioner cannot flatten), and a handful on
+/// edge-transitive graphs such as K_n.
+const FASTEST_CG_ESTIMATE: f64 = 300.0;
+const ROBUST_CG_ESTIMATE: f64 = 20.0;
+
+impl NewtonSystem {
+    /// Whether a problem with `n` nodes and `m` links goes matrix-free.
+    fn matrix_free(self, n: usize, m: usize, cg_iterations: f64) -> bool {
+        match self {
+            Self::Dense => false,
+            Self::MatrixFree => true,
+            Self::Auto => {
+                // Dense: m³/3 (Cholesky) + ~4m² (forming). Matrix-free: ~8n³ per product
+                // (two products A·L(v)·B of n×n matrices for each of two terms).
+                let (n, m) = (n as f64, m as f64);
+                m * m * m / 3.0 + 4.0 * m * m > 8.0 * n * n * n * cg_iterations
+            }
+        }
+    }
+}
+
+/// Relative residual at which CG stops: an inexact Newton step. Measured on SDP 33
+/// (`random-regular:100:10`, matrix-free): 1e-6 takes the same number of Newton steps as
+/// 1e-10 at a fraction of the CG iterations; 1e-2 doubles the Newton steps and loosens the
+/// final gap.
+const CG_TOLERANCE: f64 = 1e-6;
+/// CG iterations allowed per Newton step (then the best iterate so far is used: still a
+/// descent direction, because CG from 0 only ever decreases the quadratic model).
+const CG_MAX_ITERATIONS: usize = 2000;
 
 /// Synthesised weights with their certificate.
 #[derive(Debug, Clone)]
@@ -123,6 +188,78 @@ fn newton_direction(h: &Mat<f64>, g: &[f64]) -> Result<Vec<f64>, GraphError> {
     ))
 }
 
+/// Solves `H x = −g` by conjugate gradients with the Jacobi preconditioner `diag`, where `hv`
+/// computes `H·v` (symmetric positive definite). Stops at relative residual
+/// [`CG_TOLERANCE`] or after [`CG_MAX_ITERATIONS`].
+fn cg_direction(
+    hv: impl Fn(&[f64]) -> Vec<f64>,
+    diag: &[f64],
+    g: &[f64],
+) -> Result<Vec<f64>, GraphError> {
+    let k = g.len();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let precond = |r: &[f64]| -> Vec<f64> {
+        r.iter()
+            .zip(diag)
+            .map(|(ri, di)| if *di > 0.0 { ri / di } else { *ri })
+            .collect()
+    };
+    let mut x = vec![0.0; k];
+    let mut r: Vec<f64> = g.iter().map(|v| -v).collect();
+    let stop = CG_TOLERANCE * dot(&r, &r).sqrt();
+    let mut z = precond(&r);
+    let mut p = z.clone();
+    let mut rz = dot(&r, &z);
+    for _ in 0..CG_MAX_ITERATIONS {
+        if dot(&r, &r).sqrt() <= stop {
+            break;
+        }
+        let ap = hv(&p);
+        let pap = dot(&p, &ap);
+        if !(pap > 0.0 && pap.is_finite()) {
+            // Rounding made the curvature vanish: keep what CG has (a descent direction),
+            // or the preconditioned gradient if it has nothing yet.
+            break;
+        }
+        let alpha = rz / pap;
+        for i in 0..k {
+            x[i] += alpha * p[i];
+            r[i] -= alpha * ap[i];
+        }
+        z = precond(&r);
+        let rz_next = dot(&r, &z);
+        let beta = rz_next / rz;
+        rz = rz_next;
+        for i in 0..k {
+            p[i] = z[i] + beta * p[i];
+        }
+    }
+    if x.iter().all(|v| *v == 0.0) {
+        x = precond(&g.iter().map(|v| -v).collect::<Vec<_>>());
+    }
+    if x.iter().all(|v| v.is_finite()) {
+        Ok(x)
+    } else {
+        Err(GraphError::Numerical(
+            "conjugate gradients diverged on the Newton system".into(),
+        ))
+    }
+}
+
+/// `[u_eᵀ (A L(v) B) u_e]_e` for every link: the matrix-free Hessian-vector product's core
+/// (the (e, f) entry of the Hessian term is `(u_eᵀ A u_f)(u_fᵀ B u_e)`).
+fn link_quads(
+    n: usize,
+    links: &[(usize, usize)],
+    a: &Mat<f64>,
+    v: &[f64],
+    b: &Mat<f64>,
+) -> Vec<f64> {
+    let lv = weighted_laplacian(n, links, v);
+    let m = a * &lv * b;
+    links.iter().map(|&le| quad(&m, le, le)).collect()
+}
+
 /// Structural setup shared by both problems: unit-weight connectivity and the link list.
 fn setup(topology: &Topology, gamma: f64) -> Result<(Vec<(usize, usize)>, f64), GraphError> {
     if !(gamma.is_finite() && gamma > 0.0) {
@@ -170,6 +307,7 @@ pub fn fastest_weights(
         Some(t * theta - l1 - l2 - w.iter().map(|x| x.ln()).sum::<f64>())
     };
 
+    let matrix_free = opts.newton_system.matrix_free(n, m, FASTEST_CG_ESTIMATE);
     let mut w = vec![w0; m];
     let mut theta = 1.5;
     let nu = (2 * n + m) as f64;
@@ -192,24 +330,52 @@ pub fn fastest_weights(
             let s1s = &s1 * &s1;
             let s2s = &s2 * &s2;
             let mut g = vec![0.0; k];
-            let mut h = Mat::<f64>::zeros(k, k);
+            // The θ column of the Hessian, and its diagonal (the CG preconditioner).
+            let mut h_theta = vec![0.0; k];
+            let mut diag = vec![0.0; k];
             for (e, &le) in links.iter().enumerate() {
                 g[e] = gamma * (quad(&s2, le, le) - quad(&s1, le, le)) - 1.0 / w[e];
-                for (f, &lf) in links.iter().enumerate().take(e + 1) {
-                    let (q1, q2) = (quad(&s1, le, lf), quad(&s2, le, lf));
-                    let v = gamma * gamma * (q1 * q1 + q2 * q2)
-                        + if e == f { 1.0 / (w[e] * w[e]) } else { 0.0 };
-                    h[(e, f)] = v;
-                    h[(f, e)] = v;
-                }
-                let v = gamma * (quad(&s1s, le, le) - quad(&s2s, le, le));
-                h[(e, m)] = v;
-                h[(m, e)] = v;
+                h_theta[e] = gamma * (quad(&s1s, le, le) - quad(&s2s, le, le));
+                let (q1, q2) = (quad(&s1, le, le), quad(&s2, le, le));
+                diag[e] = gamma * gamma * (q1 * q1 + q2 * q2) + 1.0 / (w[e] * w[e]);
             }
             let tr = |x: &Mat<f64>| (0..n).map(|i| x[(i, i)]).sum::<f64>();
             g[m] = t - tr(&s1) - tr(&s2);
-            h[(m, m)] = tr(&s1s) + tr(&s2s);
-            let dx = newton_direction(&h, &g)?;
+            h_theta[m] = tr(&s1s) + tr(&s2s);
+            diag[m] = h_theta[m];
+            let dx = if matrix_free {
+                // H·v = γ²[u_eᵀ(S1 L(v) S1 + S2 L(v) S2)u_e] + v_e/w_e² + θ column terms.
+                let hv = |v: &[f64]| -> Vec<f64> {
+                    let vw = &v[..m];
+                    let a = link_quads(n, &links, &s1, vw, &s1);
+                    let b = link_quads(n, &links, &s2, vw, &s2);
+                    let mut out: Vec<f64> = (0..m)
+                        .map(|e| {
+                            gamma * gamma * (a[e] + b[e])
+                                + vw[e] / (w[e] * w[e])
+                                + h_theta[e] * v[m]
+                        })
+                        .collect();
+                    out.push(h_theta.iter().zip(v).map(|(h, x)| h * x).sum());
+                    out
+                };
+                cg_direction(hv, &diag, &g)?
+            } else {
+                let mut h = Mat::<f64>::zeros(k, k);
+                for (e, &le) in links.iter().enumerate() {
+                    for (f, &lf) in links.iter().enumerate().take(e + 1) {
+                        let (q1, q2) = (quad(&s1, le, lf), quad(&s2, le, lf));
+                        let v = gamma * gamma * (q1 * q1 + q2 * q2)
+                            + if e == f { 1.0 / (w[e] * w[e]) } else { 0.0 };
+                        h[(e, f)] = v;
+                        h[(f, e)] = v;
+                    }
+                    h[(e, m)] = h_theta[e];
+                    h[(m, e)] = h_theta[e];
+                }
+                h[(m, m)] = h_theta[m];
+                newton_direction(&h, &g)?
+            };
             let decrement: f64 = -g.iter().zip(&dx).map(|(a, b)| a * b).sum::<f64>();
             let f0 = phi(t, &w, theta).ok_or_else(|| GraphError::Numerical("domain".into()))?;
             if centred(decrement, f0) || pure_steps >= MAX_PURE_STEPS {
@@ -337,6 +503,7 @@ pub fn robust_weights(
     };
     let barrier = |t: f64, f: f64, w: &[f64]| t * f - w.iter().map(|x| x.ln()).sum::<f64>();
 
+    let matrix_free = opts.newton_system.matrix_free(n, m, ROBUST_CG_ESTIMATE);
     let mut w = vec![w0; m];
     let (f_start, _, _) =
         eval(&w).ok_or_else(|| GraphError::Numerical("uniform start is not stable".into()))?;
@@ -357,17 +524,38 @@ pub fn robust_weights(
                 .zip(&w)
                 .map(|(gi, wi)| t * gi - 1.0 / wi)
                 .collect();
-            let mut h = Mat::<f64>::zeros(m, m);
-            for (e, &le) in links.iter().enumerate() {
-                for (f2, &lf) in links.iter().enumerate().take(e + 1) {
-                    let hf = quad(&s1, le, lf) * quad(&p1, le, lf) / gamma
-                        + gamma * gamma * quad(&s2, le, lf) * quad(&p2, le, lf);
-                    let v = t * hf + if e == f2 { 1.0 / (w[e] * w[e]) } else { 0.0 };
-                    h[(e, f2)] = v;
-                    h[(f2, e)] = v;
+            let dx = if matrix_free {
+                // H·v = t[u_eᵀ(S1 L(v) P1)u_e/γ + γ² u_eᵀ(S2 L(v) P2)u_e] + v_e/w_e².
+                let diag: Vec<f64> = links
+                    .iter()
+                    .zip(&w)
+                    .map(|(&le, we)| {
+                        t * (quad(&s1, le, le) * quad(&p1, le, le) / gamma
+                            + gamma * gamma * quad(&s2, le, le) * quad(&p2, le, le))
+                            + 1.0 / (we * we)
+                    })
+                    .collect();
+                let hv = |v: &[f64]| -> Vec<f64> {
+                    let a = link_quads(n, &links, &s1, v, &p1);
+                    let b = link_quads(n, &links, &s2, v, &p2);
+                    (0..m)
+                        .map(|e| t * (a[e] / gamma + gamma * gamma * b[e]) + v[e] / (w[e] * w[e]))
+                        .collect()
+                };
+                cg_direction(hv, &diag, &g)?
+            } else {
+                let mut h = Mat::<f64>::zeros(m, m);
+                for (e, &le) in links.iter().enumerate() {
+                    for (f2, &lf) in links.iter().enumerate().take(e + 1) {
+                        let hf = quad(&s1, le, lf) * quad(&p1, le, lf) / gamma
+                            + gamma * gamma * quad(&s2, le, lf) * quad(&p2, le, lf);
+                        let v = t * hf + if e == f2 { 1.0 / (w[e] * w[e]) } else { 0.0 };
+                        h[(e, f2)] = v;
+                        h[(f2, e)] = v;
+                    }
                 }
-            }
-            let dx = newton_direction(&h, &g)?;
+                newton_direction(&h, &g)?
+            };
             let decrement: f64 = -g.iter().zip(&dx).map(|(a, b)| a * b).sum::<f64>();
             let f0 = barrier(t, f, &w);
             if centred(decrement, f0) || pure_steps >= MAX_PURE_STEPS {

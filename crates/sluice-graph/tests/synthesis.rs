@@ -2,8 +2,8 @@
 #![allow(clippy::unwrap_used)]
 
 use sluice_graph::{
-    Analysis, Noise, SolverOptions, Synthesis, Topology, TopologySpec, fastest_weights,
-    robust_weights,
+    Analysis, NewtonSystem, Noise, SolverOptions, Synthesis, Topology, TopologySpec,
+    fastest_weights, robust_weights,
 };
 
 fn spec(s: &str) -> Topology {
@@ -122,6 +122,78 @@ fn synthesis_never_worse_than_uniform_weights() {
                 "{s}: robust worse than uniform {c}"
             );
         }
+    }
+}
+
+/// The matrix-free Newton–CG path (used for dense graphs) reaches the same optima as the
+/// dense factorisation, with the same certified gap, and Example 1 still holds on it.
+#[test]
+fn matrix_free_newton_matches_dense_newton() {
+    let dense = SolverOptions {
+        newton_system: NewtonSystem::Dense,
+        ..SolverOptions::default()
+    };
+    let free = SolverOptions {
+        newton_system: NewtonSystem::MatrixFree,
+        ..SolverOptions::default()
+    };
+    let noise = Noise::Iid { sigma: 1.0 };
+    for (s, gamma) in [
+        ("complete:5", 1.0),
+        ("star:5", 1.0),
+        ("random-regular:12:3:1", 0.5),
+        ("complete:9", 0.1),
+        ("grid:3x4", 0.3),
+        ("random-regular:20:9:2", 0.05),
+    ] {
+        let t = spec(s);
+        let (fd, ff) = (
+            fastest_weights(&t, gamma, dense).unwrap(),
+            fastest_weights(&t, gamma, free).unwrap(),
+        );
+        let (rd, rf) = (
+            robust_weights(&t, gamma, &noise, dense).unwrap(),
+            robust_weights(&t, gamma, &noise, free).unwrap(),
+        );
+        for r in [&fd, &ff, &rd, &rf] {
+            check_certificate(r);
+        }
+        // Each answer is within its own certified gap of the other's bound.
+        assert!(
+            ff.objective <= fd.lower_bound + 1e-5,
+            "{s}: {ff:?} vs {fd:?}"
+        );
+        assert!(fd.objective <= ff.lower_bound + 1e-5, "{s}");
+        let tol = 1e-5 * (1.0 + rd.objective);
+        assert!(
+            rf.objective <= rd.lower_bound + tol,
+            "{s}: {rf:?} vs {rd:?}"
+        );
+        assert!(rd.objective <= rf.lower_bound + tol, "{s}");
+    }
+    // Seed 000 Example 1 on the matrix-free path: K5 → 1/5, S5 → 1/3 at γ = 1.
+    for (s, w) in [("complete:5", 0.2), ("star:5", 1.0 / 3.0)] {
+        let r = fastest_weights(&spec(s), 1.0, free).unwrap();
+        for e in r.topology.edges() {
+            assert!((e.weight - w).abs() < 1e-3, "{s}: weight {}", e.weight);
+        }
+    }
+}
+
+/// Dense graphs take the matrix-free path under `Auto` and stay certified: K30 (m = 435)
+/// at γ*, where the optimum is uniform by symmetry (edge-transitive graph), Φ_cr = 0.
+#[test]
+fn dense_graph_synthesis_is_certified() {
+    let t = spec("complete:30");
+    let gamma = Analysis::new(&t, None, &Noise::Iid { sigma: 1.0 })
+        .unwrap()
+        .gamma_opt;
+    let r = fastest_weights(&t, gamma, SolverOptions::default()).unwrap();
+    check_certificate(&r);
+    assert!(r.objective < 1e-5, "{r:?}");
+    let w0 = 1.0 / (gamma * 30.0);
+    for e in r.topology.edges() {
+        assert!((e.weight - w0).abs() < 1e-3 * w0, "weight {}", e.weight);
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod baselines;
 pub mod chart;
 pub mod cluster;
+pub mod dispersion;
 pub mod dst_example2;
 pub mod gdrl;
 pub mod jsqt;

@@ -2,6 +2,7 @@
 
 mod baselines;
 mod cluster;
+mod dispersion;
 mod dst_example2;
 mod gdrl;
 mod jsqt;
@@ -18,6 +19,8 @@ pub(crate) struct Args {
 enum Experiment {
     /// Real `sluice-coord` nodes in a seeded in-memory network (seeds 000, 003, 004).
     Cluster(cluster::Args),
+    /// Seed 000 §4.2: Monte-Carlo Φ_ss of the stochastic law next to eq. 24 and eq. 20.
+    Dispersion(dispersion::Args),
     /// Seed 000 §6 Example 2: tree vs tree with added links, γ = 0.02 and γ* (Table 4).
     DstExample2(dst_example2::Args),
     /// JSQ / JSQT overload balancing on a server farm (seed 001).
@@ -37,6 +40,7 @@ enum Experiment {
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.experiment {
         Experiment::Cluster(a) => cluster::run(a),
+        Experiment::Dispersion(a) => dispersion::run(a),
         Experiment::DstExample2(a) => dst_example2::run(a),
         Experiment::Jsqt(a) => jsqt::run(a),
         Experiment::TokenAccount(a) => token_account::run(*a),
