@@ -665,8 +665,9 @@ impl<T: Transport> Cluster<T> {
         let ready = node.ready(ahead);
         self.shares.set_default(node.default_enforced(ahead));
         for (key, units) in ready.limits {
-            self.shares.set(key, units);
+            self.shares.set(key, units, ahead);
         }
+        self.shares.refresh(ahead);
         // Reclaimed by the node (idle, capacity given back): the engine's next hit on it
         // starts again from the default share.
         for key in ready.reclaimed {

@@ -758,10 +758,22 @@ impl Engine {
         let limit = match (rule.coordination, self.shares.get()) {
             (Coordination::Cluster, Some(shares)) => {
                 let key = cluster_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
-                let units = match mode {
+                // Windows count a whole period: a share that moved within it must not be
+                // used twice (`shares` module documentation); buckets meter a rate.
+                let windowed = matches!(
+                    rule.algorithm,
+                    AlgorithmKind::FixedWindow
+                        | AlgorithmKind::FixedWindowFirst
+                        | AlgorithmKind::SlidingWindow
+                        | AlgorithmKind::SlidingLog
+                );
+                let (count, period) = (limit.count(), limit.period());
+                let units = match (mode, windowed) {
                     // Refused hits count too: the cluster divides by demand, not throughput.
-                    Mode::Check => shares.on_hit(key, limit.count(), limit.period(), cost),
-                    Mode::Peek => shares.units(key),
+                    (Mode::Check, false) => shares.on_hit(key, count, period, cost),
+                    (Mode::Check, true) => shares.on_hit_windowed(key, count, period, cost),
+                    (Mode::Peek, false) => shares.units(key),
+                    (Mode::Peek, true) => shares.units_windowed(key),
                 };
                 let count = scaled(limit.count(), units);
                 let Some(l) = Limit::from_nanos(count, limit.period()).ok().map(|l| {

@@ -116,11 +116,12 @@ impl From<Code> for Answer {
     }
 }
 
-/// Bucket bounds of the latency histogram: 1 µs to about 1 s, doubling. An engine decision
-/// takes well under a microsecond to a few microseconds (docs/BENCHMARKS.md); the upper
-/// buckets catch lock contention and a stalled runtime.
+/// Bucket bounds of the latency histogram: 125 ns to about 1 s, doubling. An engine
+/// decision takes 0.2–0.6 µs at the median and p99 (docs/BENCHMARKS.md), so the sub-µs
+/// buckets are where a target of 1 µs is read; the upper buckets catch lock contention and
+/// a stalled runtime.
 fn latency_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(1e-6, 2.0, 21)
+    exponential_buckets(125e-9, 2.0, 24)
 }
 
 type Labels = [(&'static str, &'static str); 1];

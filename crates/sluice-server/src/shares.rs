@@ -7,12 +7,24 @@
 //! holding `u` units of a rule of `N` requests per unit enforces `⌊N·u/SCALE⌋` per unit; the
 //! floors never add up to more than `N` because the units never add up to more than `SCALE`
 //! (seed 003 §IV conservation, proven in `sluice-coord`).
+//!
+//! **Windowed algorithms.** Σ units ≤ SCALE holds at every instant, but a fixed window, a
+//! sliding window or a sliding log counts a node's admissions over a whole window: if shares
+//! move within a window, the node that gave capacity has already used it there and the node
+//! that got it uses it again (two nodes at 500 of 1,000 each admit 500; the shares move to
+//! 300/700; the second admits 200 more: 1,200 in the window). So for those algorithms a node
+//! enforces the *smallest* share it held over the last `period` of the rule
+//! ([`Shares::on_hit_windowed`]): a lower share applies at once, a higher one after a full
+//! window. For a node's last admission at `t` in a window starting at `w` (`t − period < w ≤
+//! t`) its count is at most its share at `w`, and those add up to at most the limit. The
+//! bucket algorithms meter a rate, so they take the current share.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::HashMap;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use sluice_limits::Nanos;
 
 /// Capacity units of every key's global limit (2²⁰: a millionth of the limit, and a rule of
@@ -26,6 +38,10 @@ const SHARDS: usize = 16;
 pub struct KeyShare {
     /// Capacity units this node enforces.
     units: AtomicU64,
+    /// The smallest `units` in force over the last `period` (windowed algorithms).
+    units_windowed: AtomicU64,
+    /// `(since, units)` steps covering the last `period`, oldest first; the driver's only.
+    history: Mutex<VecDeque<(Nanos, u64)>>,
     /// Hits seen since the last drain (admitted or not: demand, not throughput).
     hits: AtomicU64,
     /// The rule's requests per unit and unit (to turn hits into capacity units).
@@ -85,6 +101,8 @@ impl Shares {
         let entry = guard.entry(key).or_insert_with(|| {
             Arc::new(KeyShare {
                 units: AtomicU64::new(0),
+                units_windowed: AtomicU64::new(0),
+                history: Mutex::new(VecDeque::new()),
                 hits: AtomicU64::new(0),
                 count: AtomicU64::new(count),
                 period: AtomicU64::new(period),
@@ -92,6 +110,32 @@ impl Shares {
             })
         });
         self.hit(entry, count, period, hits)
+    }
+
+    /// [`Shares::on_hit`] for a windowed algorithm (fixed window, sliding window, sliding
+    /// log): returns the smallest units this node held over the rule's last `period` (see
+    /// the module documentation).
+    pub fn on_hit_windowed(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
+        let held = self.on_hit(key, count, period, hits);
+        match self.shard(key).read().get(&key) {
+            Some(e) if e.known.load(Ordering::Acquire) => {
+                e.units_windowed.load(Ordering::Relaxed).min(held)
+            }
+            _ => held,
+        }
+    }
+
+    /// [`Shares::units`] for a windowed algorithm.
+    #[must_use]
+    pub fn units_windowed(&self, key: u64) -> u64 {
+        match self.shard(key).read().get(&key) {
+            Some(e) if e.known.load(Ordering::Acquire) => e
+                .units_windowed
+                .load(Ordering::Relaxed)
+                .min(e.units.load(Ordering::Relaxed)),
+            Some(e) => self.units_of(e),
+            None => self.default_units.load(Ordering::Relaxed),
+        }
     }
 
     fn hit(&self, entry: &KeyShare, count: u64, period: Nanos, hits: u64) -> u64 {
@@ -126,30 +170,52 @@ impl Shares {
         }
     }
 
-    /// Sets the units of `key` (the driver, from `sluice-coord`'s enforced limit). A key the
-    /// engine has not seen yet is added: the node may hold less than its default for it (it
-    /// gave some away), and the first local hit must see that, not the default.
-    pub fn set(&self, key: u64, units: u64) {
+    /// Sets the units of `key` at `now` (the driver's clock), from `sluice-coord`'s enforced
+    /// limit. A key the engine has not seen yet is added: the node may hold less than its
+    /// default for it (it gave some away), and the first local hit must see that, not the
+    /// default.
+    pub fn set(&self, key: u64, units: u64, now: Nanos) {
         if let Some(e) = self.shard(key).read().get(&key) {
+            let mut h = e.history.lock();
+            if !e.known.load(Ordering::Acquire) {
+                // Until now the engine enforced the default for it: that counts in the
+                // window too.
+                h.push_back((now, self.default_units.load(Ordering::Relaxed)));
+            }
             e.units.store(units, Ordering::Relaxed);
             e.known.store(true, Ordering::Release);
+            h.push_back((now, units));
+            windowed_min(e, &mut h, now);
             return;
         }
-        self.shard(key)
-            .write()
-            .entry(key)
-            .or_insert_with(|| {
-                Arc::new(KeyShare {
-                    units: AtomicU64::new(units),
-                    hits: AtomicU64::new(0),
-                    // Unknown until the first hit; no hits, no demand.
-                    count: AtomicU64::new(0),
-                    period: AtomicU64::new(0),
-                    known: std::sync::atomic::AtomicBool::new(true),
-                })
+        let mut guard = self.shard(key).write();
+        let e = guard.entry(key).or_insert_with(|| {
+            Arc::new(KeyShare {
+                units: AtomicU64::new(units),
+                units_windowed: AtomicU64::new(units),
+                history: Mutex::new(VecDeque::new()),
+                hits: AtomicU64::new(0),
+                // Unknown until the first hit; no hits, no demand.
+                count: AtomicU64::new(0),
+                period: AtomicU64::new(0),
+                known: std::sync::atomic::AtomicBool::new(true),
             })
-            .units
-            .store(units, Ordering::Relaxed);
+        });
+        e.units.store(units, Ordering::Relaxed);
+        let mut h = e.history.lock();
+        h.push_back((now, units));
+        windowed_min(e, &mut h, now);
+    }
+
+    /// Lets time pass for the windowed shares: steps older than a key's `period` no longer
+    /// count (the driver calls it every tick, after [`Shares::set`]).
+    pub fn refresh(&self, now: Nanos) {
+        for shard in &self.shards {
+            for e in shard.read().values() {
+                let mut h = e.history.lock();
+                windowed_min(e, &mut h, now);
+            }
+        }
     }
 
     /// Sets the units of every key the driver has not set.
@@ -196,6 +262,23 @@ impl Shares {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Drops the steps that ended before `now − period` and stores the smallest units of the
+/// rest (the step in force at `now − period` included).
+fn windowed_min(e: &KeyShare, h: &mut VecDeque<(Nanos, u64)>, now: Nanos) {
+    let from = now.saturating_sub(e.period.load(Ordering::Relaxed));
+    while h.len() >= 2 && h[1].0 <= from {
+        h.pop_front();
+    }
+    let current = e.units.load(Ordering::Relaxed);
+    let min = h
+        .iter()
+        .map(|&(_, u)| u)
+        .min()
+        .unwrap_or(current)
+        .min(current);
+    e.units_windowed.store(min, Ordering::Relaxed);
 }
 
 /// `⌊count·units/SCALE⌋`: this node's part of a rule's `count` (0 when it holds nothing).
@@ -272,7 +355,7 @@ mod tests {
     fn drain_takes_hits_once() {
         let s = Shares::new(SCALE / 2);
         assert_eq!(s.on_hit(7, 10, 1_000, 3), SCALE / 2);
-        s.set(7, 100);
+        s.set(7, 100, 0);
         assert_eq!(s.on_hit(7, 10, 1_000, 2), 100);
         let d = s.drain();
         assert_eq!(
@@ -292,10 +375,37 @@ mod tests {
     #[test]
     fn a_key_set_before_its_first_hit_keeps_the_set_value() {
         let s = Shares::new(SCALE / 2);
-        s.set(9, 3);
+        s.set(9, 3, 0);
         assert_eq!(s.units(9), 3);
         assert_eq!(s.on_hit(9, 10, 1_000, 1), 3);
         s.set_default(SCALE);
         assert_eq!(s.on_hit(9, 10, 1_000, 1), 3);
+    }
+
+    /// The module documentation's example: a share that moves within a window is used once,
+    /// not twice, by windowed algorithms; buckets take the new share at once.
+    #[test]
+    fn windowed_shares_take_a_raise_after_a_full_window_and_a_cut_at_once() {
+        let second = 1_000_000_000;
+        let s = Shares::new(SCALE / 2);
+        // Known to the engine first (hits at the default), then set by the driver.
+        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 2);
+        s.set(1, SCALE / 2, 0);
+        // A raise at 0.3 s: buckets see it now, windows only once a full period has passed.
+        s.set(1, SCALE * 7 / 10, 300_000_000);
+        assert_eq!(s.on_hit(1, 1000, second, 1), SCALE * 7 / 10);
+        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 2);
+        s.refresh(1_200_000_000);
+        assert_eq!(s.units_windowed(1), SCALE / 2, "0.5 was in force at 0.2 s");
+        s.refresh(1_300_000_000);
+        assert_eq!(s.units_windowed(1), SCALE * 7 / 10, "a full second at 0.7");
+        // A cut applies at once to both.
+        s.set(1, SCALE / 10, 1_400_000_000);
+        assert_eq!(s.on_hit(1, 1000, second, 1), SCALE / 10);
+        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 10);
+        // A key the driver set before any hit, and a key never set: as `units`.
+        s.set(2, 5, 0);
+        assert_eq!(s.units_windowed(2), 5);
+        assert_eq!(s.units_windowed(3), SCALE / 2);
     }
 }
