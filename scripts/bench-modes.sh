@@ -22,13 +22,13 @@ stop() {
   pids=()
 }
 trap 'stop; rm -rf "$W"' EXIT
-conf() {
+conf() { # coordination [algorithm]
   mkdir -p "$W/conf-$1"
   cat > "$W/conf-$1/bench.yaml" <<Y
 domain: bench
 descriptors:
   - key: user
-    rate_limit: { unit: second, requests_per_unit: $LIMIT, coordination: $1 }
+    rate_limit: { unit: second, requests_per_unit: $LIMIT, coordination: $1, algorithm: ${2:-fixed-window} }
 Y
 }
 node() { # i extra-args...
@@ -58,6 +58,12 @@ conf cluster
 node 0 --config "$W/conf-cluster" --node-id 0 --peers 1=127.0.0.1:18092 --cycle 50ms
 node 1 --config "$W/conf-cluster" --node-id 1 --peers 0=127.0.0.1:18082 --cycle 50ms
 bench cluster
+# The bucket algorithms meter a rate, so a share that moves is usable at once (`shares`
+# module documentation): the cluster's natural algorithm.
+conf cluster gcra
+node 0 --config "$W/conf-cluster" --node-id 0 --peers 1=127.0.0.1:18092 --cycle 50ms
+node 1 --config "$W/conf-cluster" --node-id 1 --peers 0=127.0.0.1:18082 --cycle 50ms
+bench cluster-gcra
 redis-server --port 16399 --save '' --appendonly no > "$W/redis.log" 2>&1 & RP=$!
 sleep 0.5
 conf redis
