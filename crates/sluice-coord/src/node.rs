@@ -131,6 +131,31 @@ use crate::wire::{
 /// Nanoseconds on this node's own clock.
 pub type Nanos = u64;
 
+/// The usable neighbours with their link weights, sorted by node id (see `Node::usable`).
+type Usable = Vec<(NodeId, f64)>;
+
+/// The weight of `p` in `usable`, if usable.
+fn usable_weight(usable: &[(NodeId, f64)], p: NodeId) -> Option<f64> {
+    usable
+        .binary_search_by_key(&p, |&(q, _)| q)
+        .ok()
+        .map(|i| usable[i].1)
+}
+
+/// A key's relay request before it is split over the neighbours (module docs, "Relay"):
+/// `None` when there is nothing to ask. The same for every neighbour asked, so it is worked
+/// out once per key rather than once per neighbour.
+#[derive(Debug, Clone, Copy)]
+struct RelayPlan {
+    /// What is still unmet after our spare.
+    residual: f64,
+    hops: u8,
+    /// The neighbour whose request we pass on (split horizon: never asked back).
+    from: Option<NodeId>,
+    /// Total weight of the usable neighbours asked (all but `from`).
+    total: f64,
+}
+
 /// What a node enforces when its lease on shared capacity has expired (it cannot reach its
 /// heir). The guarantee of each mode:
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -483,6 +508,12 @@ struct KeyState {
     base: i64,
     demand: DemandFilter,
     links: BTreeMap<NodeId, LinkKey>,
+    /// `Σ seen` and `Σ given` over `links` (as `u64` sums, wrapping exactly as summing the
+    /// links would), kept up to date wherever a link's counters change so that
+    /// [`KeyState::own`] is O(1): it is read several times per message and tick, and summing
+    /// every link each time dominated runs with many neighbours.
+    seen_sum: u64,
+    given_sum: u64,
     enforced: Option<u64>,
     /// Since when the demand estimate has been below one unit.
     idle_since: Option<Nanos>,
@@ -492,10 +523,44 @@ struct KeyState {
 
 impl KeyState {
     fn own(&self) -> u64 {
-        let seen: u64 = self.links.values().map(|l| l.seen).sum();
-        let given: u64 = self.links.values().map(|l| l.given).sum();
-        let own = i128::from(self.base) + i128::from(seen) - i128::from(given);
+        debug_assert_eq!(
+            (self.seen_sum, self.given_sum),
+            self.full_sums(),
+            "KeyState sums out of step"
+        );
+        let own = i128::from(self.base) + i128::from(self.seen_sum) - i128::from(self.given_sum);
         u64::try_from(own.max(0)).unwrap_or(u64::MAX)
+    }
+
+    /// `(Σ seen, Σ given)` recomputed from the links (what the kept sums must equal).
+    fn full_sums(&self) -> (u64, u64) {
+        let seen = self
+            .links
+            .values()
+            .fold(0u64, |a, l| a.wrapping_add(l.seen));
+        let given = self
+            .links
+            .values()
+            .fold(0u64, |a, l| a.wrapping_add(l.given));
+        (seen, given)
+    }
+
+    /// Records that a link's counters, both `c`, were zeroed (a retirement, "Idle keys").
+    fn zeroed(&mut self, c: u64) {
+        self.seen_sum = self.seen_sum.wrapping_sub(c);
+        self.given_sum = self.given_sum.wrapping_sub(c);
+    }
+
+    /// Records a gift of `amount` to `p` (the link's `given` grows).
+    fn give_to(&mut self, p: NodeId, amount: u64) -> bool {
+        match self.links.get_mut(&p) {
+            Some(lk) => {
+                lk.given += amount;
+                self.given_sum = self.given_sum.wrapping_add(amount);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -567,6 +632,22 @@ pub struct Node {
     last_tick: Option<Nanos>,
     /// Keys reclaimed since the last [`Node::ready`].
     reclaimed: Vec<Key>,
+    /// [`Node::usable`] as last worked out, while it still holds (see [`UsableCache`]).
+    usable_cache: Option<UsableCache>,
+}
+
+/// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
+/// link changes first. Walking every link for it was a tenth of a 1,000-node run: it is
+/// asked for on every message. Why it holds: time passing only takes links out (a link is
+/// usable while `now − last_recv ≤ 2 cycles`, and `until` is when the first one listed
+/// expires); everything else that can change the answer (a link's incarnation, lifecycle,
+/// neighbour flag, weight or receipt, a new link, a freeze or reincarnation) drops the cache
+/// or is checked against it where it happens. Debug builds compare every hit with the walk.
+#[derive(Debug, Clone)]
+struct UsableCache {
+    at: Nanos,
+    until: Nanos,
+    list: Usable,
 }
 
 impl Node {
@@ -629,6 +710,7 @@ impl Node {
             outbox: Vec::new(),
             last_tick: None,
             reclaimed: Vec::new(),
+            usable_cache: None,
             cfg,
         })
     }
@@ -711,7 +793,7 @@ impl Node {
     /// # Errors
     /// [`ConfigError::BadGain`] or [`ConfigError::Unstable`]; γ is then unchanged.
     pub fn set_gamma(&mut self, gamma: f64, now: Nanos) -> Result<(), ConfigError> {
-        let live: Vec<(NodeId, f64)> = self.usable(now).into_iter().collect();
+        let live: Vec<(NodeId, f64)> = self.usable(now);
         stability::check_node(self.cfg.id, gamma, &self.cfg.measure, &live)?;
         self.cfg.gamma = gamma;
         Ok(())
@@ -794,6 +876,8 @@ impl Node {
             base,
             demand: DemandFilter::new(tau),
             links: BTreeMap::new(),
+            seen_sum: 0,
+            given_sum: 0,
             enforced: None,
             idle_since: None,
             quiet: false,
@@ -865,16 +949,22 @@ impl Node {
         self.replace_leaving_heir(now);
         self.restore_heir(now);
         self.update_quiet(now);
+        // Nothing below changes which neighbours are usable (gifts and sends touch counters,
+        // not a link's incarnation, lifecycle or last receipt): work it out once.
+        let usable = self.usable(now);
         match self.lifecycle {
             Lifecycle::Active if self.lease_state(now) != LeaseState::Expired => {
-                self.give(now);
-                self.give_back(now);
+                self.give(now, &usable);
+                self.give_back(&usable);
                 self.propose_retirements();
                 self.reclaim();
             }
             Lifecycle::Leaving => self.hand_over(now),
             _ => {}
         }
+        // The relay requests' per-key part, once for every send below (sends change no
+        // input of it: they record what was sent, not what was given or asked).
+        let plans = self.relaying(now).then(|| self.relay_plans(&usable));
         let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
         let announced = |v: u64| no_heir || acked >= v;
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
@@ -911,7 +1001,7 @@ impl Node {
                 paced = acc.on_news_at_most(now, draw(), 1) > 0;
             }
             if must || paced {
-                self.send(p, now);
+                self.send_with(p, now, &usable, plans.as_deref());
             }
         }
         if self.lifecycle == Lifecycle::Leaving {
@@ -998,17 +1088,52 @@ impl Node {
 
     /// Neighbours the law and the relay may give to: active, of known incarnation, heard
     /// within two cycles; with their link weights.
-    fn usable(&self, now: Nanos) -> BTreeMap<NodeId, f64> {
-        self.links
+    ///
+    /// Sorted by node id (the order of `links`, so sums over it add in the same order as
+    /// before); computed once per tick or message and passed down, since it only changes
+    /// when a link's incarnation, lifecycle or last receipt does.
+    fn usable(&mut self, now: Nanos) -> Usable {
+        if let Some(c) = &self.usable_cache
+            && c.at <= now
+            && now <= c.until
+        {
+            debug_assert_eq!(c.list, self.walk_usable(now).0, "stale usable cache");
+            return c.list.clone();
+        }
+        let (list, until) = self.walk_usable(now);
+        self.usable_cache = Some(UsableCache {
+            at: now,
+            until,
+            list: list.clone(),
+        });
+        list
+    }
+
+    /// [`Node::usable`] from the links, and the last instant it holds if nothing changes.
+    fn walk_usable(&self, now: Nanos) -> (Usable, Nanos) {
+        let up = 2 * self.cfg.cycle;
+        let mut until = Nanos::MAX;
+        let list = self
+            .links
             .iter()
-            .filter(|(p, l)| {
-                l.neighbour
-                    && l.inc != 0
-                    && l.lifecycle == Lifecycle::Active
-                    && self.link_state(**p, now) == Some(LinkState::Up)
+            .filter(|(_, l)| Self::link_usable(l, now, up))
+            .map(|(p, l)| {
+                if let Some(t) = l.last_recv {
+                    until = until.min(t.saturating_add(up));
+                }
+                (*p, l.weight)
             })
-            .map(|(p, l)| (*p, l.weight))
-            .collect()
+            .collect();
+        (list, until)
+    }
+
+    /// Whether the law and relay may give over `l` at `now`: a neighbour, of known
+    /// incarnation, active, and Up (`link_state(p, now) == Some(LinkState::Up)`).
+    fn link_usable(l: &Link, now: Nanos, up: Nanos) -> bool {
+        l.neighbour
+            && l.inc != 0
+            && l.lifecycle == Lifecycle::Active
+            && l.last_recv.is_some_and(|t| now.saturating_sub(t) <= up)
     }
 
     /// Whether this node takes part in the relay now: configured, a measure whose unmet
@@ -1027,40 +1152,66 @@ impl Node {
         u8::try_from(self.cfg.members.len().saturating_sub(1).clamp(1, 63)).unwrap_or(63)
     }
 
-    /// The relay request for one key to neighbour `to` (module docs, "Relay"): the largest of
-    /// our own unmet demand and the open requests of the other neighbours (split horizon:
-    /// never back to where it came from), less our spare, split over the neighbours asked
-    /// by link weight.
-    fn relay_request(
+    /// The relay request of a key to a neighbour (module docs, "Relay") is the largest of our
+    /// own unmet demand and the open requests of the other neighbours (split horizon: never
+    /// back to where it came from), less our spare, split over the neighbours asked by link
+    /// weight. It is worked out in two steps: [`Node::relay_plan`] once per key (here, for
+    /// every key, in key order), then [`Node::relay_ask`] per neighbour; per-neighbour
+    /// recomputation made each message O(degree²).
+    fn relay_plans(&self, usable: &[(NodeId, f64)]) -> Vec<Option<RelayPlan>> {
+        let (max_hops, reservation) = (self.max_hops(), self.reservation);
+        self.keys
+            .values()
+            .map(|ks| Self::relay_plan(ks, usable, max_hops, reservation))
+            .collect()
+    }
+
+    /// The part of a key's relay request that does not depend on the neighbour asked.
+    fn relay_plan(
         ks: &KeyState,
-        to: NodeId,
-        usable: &BTreeMap<NodeId, f64>,
+        usable: &[(NodeId, f64)],
         max_hops: u8,
         reservation: u64,
-    ) -> (f64, u8) {
+    ) -> Option<RelayPlan> {
         let own = ks.own() as f64;
         let demand = ks.demand.estimate();
         let mut best: (f64, u8, Option<NodeId>) = ((demand - own).max(0.0), 0, None);
-        for (p, lk) in &ks.links {
+        // Usable neighbours only, in id order (ties go to the lowest id, as they always did).
+        for &(p, _) in usable {
+            let Some(lk) = ks.links.get(&p) else { continue };
             let Some((_, h, _)) = lk.relay else { continue };
             let open = lk.relay_open();
-            if usable.contains_key(p) && h.saturating_add(1) < max_hops && open > best.0 {
-                best = (open, h + 1, Some(*p));
+            if h.saturating_add(1) < max_hops && open > best.0 {
+                best = (open, h + 1, Some(p));
             }
         }
         let spare = (own - demand.max(reservation as f64)).max(0.0);
         let residual = best.0 - spare;
-        if residual < 1.0 || Some(to) == best.2 {
-            return (0.0, 0);
+        if residual < 1.0 {
+            return None;
         }
         let total: f64 = usable
             .iter()
-            .filter(|(p, _)| Some(**p) != best.2)
+            .filter(|(p, _)| Some(*p) != best.2)
             .map(|(_, w)| *w)
             .sum();
-        let w = usable.get(&to).copied().unwrap_or(0.0);
-        if total > 0.0 && w > 0.0 {
-            (residual * w / total, best.1)
+        Some(RelayPlan {
+            residual,
+            hops: best.1,
+            from: best.2,
+            total,
+        })
+    }
+
+    /// A key's relay request to neighbour `to` from its [`RelayPlan`]: split by link weight.
+    fn relay_ask(plan: Option<RelayPlan>, to: NodeId, usable: &[(NodeId, f64)]) -> (f64, u8) {
+        let Some(plan) = plan else { return (0.0, 0) };
+        if Some(to) == plan.from {
+            return (0.0, 0);
+        }
+        let w = usable_weight(usable, to).unwrap_or(0.0);
+        if plan.total > 0.0 && w > 0.0 {
+            (plan.residual * w / plan.total, plan.hops)
         } else {
             (0.0, 0)
         }
@@ -1068,12 +1219,11 @@ impl Node {
 
     /// Relay gifts: spare capacity (above demand and reservation) to the neighbours' open
     /// requests, largest first. Returns the neighbours given to.
-    fn relay_give(&mut self, now: Nanos) -> BTreeSet<NodeId> {
+    fn relay_give(&mut self, now: Nanos, usable: &[(NodeId, f64)]) -> BTreeSet<NodeId> {
         let mut gave = BTreeSet::new();
         if !self.relaying(now) {
             return gave;
         }
-        let usable = self.usable(now);
         let reservation = self.reservation;
         for ks in self.keys.values_mut() {
             let own = ks.own();
@@ -1085,7 +1235,7 @@ impl Node {
             let mut asks: Vec<(NodeId, f64)> = ks
                 .links
                 .iter()
-                .filter(|(p, lk)| usable.contains_key(p) && !lk.frozen())
+                .filter(|(p, lk)| usable_weight(usable, **p).is_some() && !lk.frozen())
                 .map(|(p, lk)| (*p, lk.relay_open()))
                 .filter(|a| a.1 >= 1.0)
                 .collect();
@@ -1096,8 +1246,7 @@ impl Node {
                     break;
                 }
                 spare -= amount;
-                if let Some(lk) = ks.links.get_mut(&p) {
-                    lk.given += amount;
+                if ks.give_to(p, amount) {
                     gave.insert(p);
                 }
             }
@@ -1107,19 +1256,18 @@ impl Node {
 
     /// The law: gifts to worse-off neighbours (seed 000 eq. 3 / seed 003 Fig. 1 as gifts),
     /// then the relay's gifts from what is still spare.
-    fn give(&mut self, now: Nanos) {
-        self.law_give(now);
-        self.relay_give(now);
+    fn give(&mut self, now: Nanos, usable: &[(NodeId, f64)]) {
+        self.law_give(usable);
+        self.relay_give(now, usable);
     }
 
-    fn law_give(&mut self, now: Nanos) {
+    fn law_give(&mut self, usable: &[(NodeId, f64)]) {
         let measure = self.cfg.measure;
         let reservation = self.reservation;
-        let usable = self.usable(now);
         // γ within the stability bound of the neighbours given to now (seed 003 Thm 1): a
         // gain raised by `set_gamma` for fewer live neighbours must not give to more. The
         // slack keeps a configured γ at the bound exactly as it is.
-        let bound = stability::max_gain(&measure, usable.values().sum());
+        let bound = stability::max_gain(&measure, usable.iter().map(|&(_, w)| w).sum());
         let gamma = if self.cfg.gamma > bound * (1.0 + 1e-9) {
             bound
         } else {
@@ -1133,7 +1281,7 @@ impl Node {
                 .links
                 .iter()
                 .filter_map(|(p, lk)| {
-                    let w = *usable.get(p)?;
+                    let w = usable_weight(usable, *p)?;
                     // Two quiet ends only return what they owe each other ("Idle keys").
                     if lk.frozen() || (ks.quiet && lk.peer_idle) {
                         return None;
@@ -1159,9 +1307,7 @@ impl Node {
                     break;
                 }
                 budget -= amount;
-                if let Some(lk) = ks.links.get_mut(&p) {
-                    lk.given += amount;
-                }
+                ks.give_to(p, amount);
             }
         }
     }
@@ -1185,11 +1331,10 @@ impl Node {
     /// Quiet keys return to each quiet neighbour what they received from it beyond what
     /// they gave it, so every link's counters balance (`given = seen`) and every node goes
     /// back to its base: the static split, where the key's capacity started.
-    fn give_back(&mut self, now: Nanos) {
+    fn give_back(&mut self, usable: &[(NodeId, f64)]) {
         if self.cfg.idle_after.is_none() {
             return;
         }
-        let usable = self.usable(now);
         let reservation = self.reservation;
         for ks in self.keys.values_mut().filter(|k| k.quiet) {
             let mut budget = ks.own().saturating_sub(reservation);
@@ -1197,9 +1342,14 @@ impl Node {
                 if budget == 0 {
                     break;
                 }
-                if usable.contains_key(p) && lk.peer_idle && !lk.frozen() && lk.seen > lk.given {
+                if usable_weight(usable, *p).is_some()
+                    && lk.peer_idle
+                    && !lk.frozen()
+                    && lk.seen > lk.given
+                {
                     let amount = (lk.seen - lk.given).min(budget);
                     lk.given += amount;
+                    ks.given_sum = ks.given_sum.wrapping_add(amount);
                     budget -= amount;
                 }
             }
@@ -1269,6 +1419,7 @@ impl Node {
             // A retirement under way ends within a round trip; hand over after it.
             if own > 0 && !lk.frozen() {
                 lk.given += own;
+                ks.given_sum = ks.given_sum.wrapping_add(own);
             }
         }
     }
@@ -1320,6 +1471,24 @@ impl Node {
     }
 
     fn send(&mut self, to: NodeId, now: Nanos) {
+        let usable = if self.relaying(now) {
+            self.usable(now)
+        } else {
+            Vec::new()
+        };
+        self.send_with(to, now, &usable, None);
+    }
+
+    /// [`Node::send`] with the usable neighbours already worked out (`Node::usable` at `now`;
+    /// only read when relaying) and, if given, every key's [`RelayPlan`] (in key order, from
+    /// [`Node::relay_plans`] on the current state).
+    fn send_with(
+        &mut self,
+        to: NodeId,
+        now: Nanos,
+        usable: &[(NodeId, f64)],
+        plans: Option<&[Option<RelayPlan>]>,
+    ) {
         let to_heir = Some(to) == self.heir && self.lifecycle != Lifecycle::Left;
         let ledger = to_heir.then(|| self.ledger());
         let requests: Vec<(NodeId, u64)> = self
@@ -1338,11 +1507,6 @@ impl Node {
             .copied()
             .filter(|s| self.announced(s.1));
         let relaying = self.relaying(now);
-        let usable = if relaying {
-            self.usable(now)
-        } else {
-            BTreeMap::new()
-        };
         let (max_hops, reservation) = (self.max_hops(), self.reservation);
         let Some(link) = self.links.get_mut(&to) else {
             return;
@@ -1355,9 +1519,13 @@ impl Node {
         let keys: Vec<KeyEntry> = if link.neighbour {
             self.keys
                 .iter_mut()
-                .map(|(&key, ks)| {
+                .enumerate()
+                .map(|(i, (&key, ks))| {
                     let (relay, relay_hops) = if relaying {
-                        Self::relay_request(ks, to, &usable, max_hops, reservation)
+                        let plan = plans
+                            .and_then(|v| v.get(i).copied())
+                            .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
+                        Self::relay_ask(plan, to, usable)
                     } else {
                         (0.0, 0)
                     };
@@ -1422,7 +1590,7 @@ impl Node {
         &mut self,
         now: Nanos,
         from: NodeId,
-        msg: Message,
+        mut msg: Message,
         draw: &mut dyn FnMut() -> f64,
     ) {
         if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
@@ -1476,6 +1644,7 @@ impl Node {
             {
                 let w = self.cfg.join_weight;
                 self.link_entry(from, now, true).weight = w;
+                self.usable_cache = None;
             }
         }
         if !self.links.contains_key(&from) && !msg.to_heir && msg.succession.is_none() {
@@ -1489,7 +1658,8 @@ impl Node {
                 self.start_settle(from);
             }
         }
-        let fresh = {
+        let up = 2 * self.cfg.cycle;
+        let (fresh, usable_now) = {
             let link = self.link_entry(from, now, false);
             if link.inc != msg.from_inc {
                 // Another incarnation (another clock, fresh counters): no floor yet.
@@ -1503,8 +1673,17 @@ impl Node {
                 link.lifecycle = msg.lifecycle;
                 link.indicator_at = msg.sent_at;
             }
-            fresh
+            (fresh, Self::link_usable(link, now, up))
         };
+        // The cached usable list stays right if the sender is in it exactly when it is usable
+        // now (its entry is `(from, weight)` whatever else changed); a later receipt only
+        // keeps it usable longer, and `until` stays the earlier bound.
+        if let Some(c) = &self.usable_cache {
+            let listed = c.list.binary_search_by_key(&from, |&(q, _)| q).is_ok();
+            if listed != usable_now || now < c.at {
+                self.usable_cache = None;
+            }
+        }
         let is_heir = Some(from) == self.heir;
         if is_heir && msg.dead_verdict >= self.inc {
             self.reincarnate(now, msg.dead_verdict);
@@ -1543,7 +1722,7 @@ impl Node {
         // A ward record needs a message addressed to this very incarnation: a restarted heir
         // must not adopt (and later settle) a ward that named its previous incarnation.
         if fresh && self.lifecycle != Lifecycle::Leaving {
-            match msg.ledger.clone() {
+            match msg.ledger.take() {
                 Some(ledger)
                     if msg.to_heir
                         && (msg.to_inc == self.inc || (msg.to_inc == 0 && !self.amnesiac)) =>
@@ -1610,6 +1789,7 @@ impl Node {
                 continue;
             }
             if e.given > lk.seen {
+                ks.seen_sum = ks.seen_sum.wrapping_add(e.given - lk.seen);
                 lk.seen = e.given;
                 news = true;
                 // A gift of the retiring generation: the peer's `given` was never our `c`
@@ -1641,19 +1821,22 @@ impl Node {
         if news {
             notify.insert(from);
         }
+        // The usable neighbours, once for the whole message (the sends below change none).
+        let mut relay = None;
         if self.links.values().any(|l| l.pacing.is_some()) && self.relaying(now) {
-            notify.extend(self.relay_give(now));
-            let usable = self.usable(now);
-            let (max_hops, reservation) = (self.max_hops(), self.reservation);
-            for ks in self.keys.values() {
-                for &q in usable.keys() {
+            let u = self.usable(now);
+            notify.extend(self.relay_give(now, &u));
+            let plans = self.relay_plans(&u);
+            for (ks, &plan) in self.keys.values().zip(&plans) {
+                for &(q, _) in &u {
                     let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
-                    let (r, _) = Self::relay_request(ks, q, &usable, max_hops, reservation);
+                    let (r, _) = Self::relay_ask(plan, q, &u);
                     if relay_changed(sent, r) {
                         notify.insert(q);
                     }
                 }
             }
+            relay = Some((u, plans));
         }
         for q in notify {
             if let Some(acc) = self.links.get_mut(&q).and_then(|l| l.pacing.as_mut())
@@ -1661,7 +1844,10 @@ impl Node {
                 // rest stay for the next (seed 004 Alg. 4 counts messages, not replies).
                 && acc.on_news_at_most(now, draw(), 1) > 0
             {
-                self.send(q, now);
+                match &relay {
+                    Some((u, plans)) => self.send_with(q, now, u, Some(plans)),
+                    None => self.send(q, now),
+                }
             }
         }
     }
@@ -1686,12 +1872,14 @@ impl Node {
         // nothing since proposing, and it gave nothing since matching) and confirm.
         for &(k, at) in &msg.retired {
             let lk = self.keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&from));
+            let mut zeroed = None;
             match lk {
                 Some(lk) if lk.retiring.is_some_and(|t0| at >= t0) => {
                     if lk.given != lk.seen {
                         // Cannot happen (see above); never confirm what we did not reset.
                         continue;
                     }
+                    zeroed = Some(lk.given);
                     *lk = LinkKey {
                         peer: lk.peer,
                         peer_idle: lk.peer_idle,
@@ -1705,6 +1893,11 @@ impl Node {
                 // confirmation was lost, send it again.
                 _ => {}
             }
+            if let Some(c) = zeroed
+                && let Some(ks) = self.keys.get_mut(&k)
+            {
+                ks.zeroed(c);
+            }
             confirm.push(k);
         }
         if let Some(l) = self.links.get_mut(&from) {
@@ -1717,7 +1910,8 @@ impl Node {
     /// Retirement proposals from `from`: match those whose counters are exactly ours.
     fn match_retirements(&mut self, from: NodeId, msg: &Message) {
         for &(k, c) in &msg.retire {
-            if let Some(lk) = self.keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&from))
+            if let Some(ks) = self.keys.get_mut(&k)
+                && let Some(lk) = ks.links.get_mut(&from)
                 && lk.tomb.is_none()
                 && c > 0
                 && lk.given == c
@@ -1732,11 +1926,20 @@ impl Node {
                     tomb: Some(msg.sent_at),
                     ..LinkKey::default()
                 };
+                ks.zeroed(c);
             }
         }
     }
 
     fn link_entry(&mut self, peer: NodeId, now: Nanos, neighbour: bool) -> &mut Link {
+        // A new link, or one becoming a neighbour, may change what is usable.
+        if self
+            .links
+            .get(&peer)
+            .is_none_or(|l| neighbour && !l.neighbour)
+        {
+            self.usable_cache = None;
+        }
         let cfg = &self.cfg;
         let link = self
             .links
@@ -1761,12 +1964,15 @@ impl Node {
         link.indicator_at = 0;
         link.floor = 0;
         link.confirm.clear();
+        self.usable_cache = None;
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
             if let Some(lk) = ks.links.remove(&peer) {
                 // The final counters stay part of our own share: move them into the base.
                 let net = i128::from(lk.seen) - i128::from(lk.given);
                 ks.base = i64::try_from(i128::from(ks.base) + net).unwrap_or(i64::MAX);
+                ks.seen_sum = ks.seen_sum.wrapping_sub(lk.seen);
+                ks.given_sum = ks.given_sum.wrapping_sub(lk.given);
                 rec.insert(key, (lk.given, lk.seen));
             }
         }
@@ -2023,6 +2229,7 @@ impl Node {
         self.lease_until = 0;
         self.amnesiac = true;
         self.ledger_version += 1;
+        self.usable_cache = None;
         for l in self.links.values_mut() {
             l.inc = 0;
             l.echo = 0;
