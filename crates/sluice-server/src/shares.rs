@@ -91,11 +91,22 @@ impl Shares {
     /// Counts `hits` against `key` (a rule of `count` per `period`) and returns the units
     /// this node enforces for it now.
     pub fn on_hit(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
+        self.hit_key(key, count, period, hits, false)
+    }
+
+    /// [`Shares::on_hit`] for a windowed algorithm (fixed window, sliding window, sliding
+    /// log): returns the smallest units this node held over the rule's last `period` (see
+    /// the module documentation).
+    pub fn on_hit_windowed(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
+        self.hit_key(key, count, period, hits, true)
+    }
+
+    fn hit_key(&self, key: u64, count: u64, period: Nanos, hits: u64, windowed: bool) -> u64 {
         let shard = self.shard(key);
         // Under the read lock, without cloning the `Arc`: a clone per hit would write its
         // reference count, a cache line every deciding core shares.
         if let Some(entry) = shard.read().get(&key) {
-            return self.hit(entry, count, period, hits);
+            return self.hit(entry, count, period, hits, windowed);
         }
         let mut guard = shard.write();
         let entry = guard.entry(key).or_insert_with(|| {
@@ -109,36 +120,10 @@ impl Shares {
                 known: std::sync::atomic::AtomicBool::new(false),
             })
         });
-        self.hit(entry, count, period, hits)
+        self.hit(entry, count, period, hits, windowed)
     }
 
-    /// [`Shares::on_hit`] for a windowed algorithm (fixed window, sliding window, sliding
-    /// log): returns the smallest units this node held over the rule's last `period` (see
-    /// the module documentation).
-    pub fn on_hit_windowed(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
-        let held = self.on_hit(key, count, period, hits);
-        match self.shard(key).read().get(&key) {
-            Some(e) if e.known.load(Ordering::Acquire) => {
-                e.units_windowed.load(Ordering::Relaxed).min(held)
-            }
-            _ => held,
-        }
-    }
-
-    /// [`Shares::units`] for a windowed algorithm.
-    #[must_use]
-    pub fn units_windowed(&self, key: u64) -> u64 {
-        match self.shard(key).read().get(&key) {
-            Some(e) if e.known.load(Ordering::Acquire) => e
-                .units_windowed
-                .load(Ordering::Relaxed)
-                .min(e.units.load(Ordering::Relaxed)),
-            Some(e) => self.units_of(e),
-            None => self.default_units.load(Ordering::Relaxed),
-        }
-    }
-
-    fn hit(&self, entry: &KeyShare, count: u64, period: Nanos, hits: u64) -> u64 {
+    fn hit(&self, entry: &KeyShare, count: u64, period: Nanos, hits: u64, windowed: bool) -> u64 {
         // Relaxed: each field is a value on its own; the driver tolerates a hit counted in
         // the next drain rather than this one.
         entry.hits.fetch_add(hits, Ordering::Relaxed);
@@ -150,14 +135,20 @@ impl Shares {
         if entry.period.load(Ordering::Relaxed) != period {
             entry.period.store(period, Ordering::Relaxed);
         }
-        self.units_of(entry)
+        self.held(entry, windowed)
     }
 
-    fn units_of(&self, e: &KeyShare) -> u64 {
-        if e.known.load(Ordering::Acquire) {
-            e.units.load(Ordering::Relaxed)
+    /// What the node enforces for `e`: its units (for a windowed algorithm, the smallest
+    /// over the last period), or the default while the driver has not set them.
+    fn held(&self, e: &KeyShare, windowed: bool) -> u64 {
+        if !e.known.load(Ordering::Acquire) {
+            return self.default_units.load(Ordering::Relaxed);
+        }
+        let units = e.units.load(Ordering::Relaxed);
+        if windowed {
+            e.units_windowed.load(Ordering::Relaxed).min(units)
         } else {
-            self.default_units.load(Ordering::Relaxed)
+            units
         }
     }
 
@@ -165,7 +156,16 @@ impl Shares {
     #[must_use]
     pub fn units(&self, key: u64) -> u64 {
         match self.shard(key).read().get(&key) {
-            Some(e) => self.units_of(e),
+            Some(e) => self.held(e, false),
+            None => self.default_units.load(Ordering::Relaxed),
+        }
+    }
+
+    /// [`Shares::units`] for a windowed algorithm.
+    #[must_use]
+    pub fn units_windowed(&self, key: u64) -> u64 {
+        match self.shard(key).read().get(&key) {
+            Some(e) => self.held(e, true),
             None => self.default_units.load(Ordering::Relaxed),
         }
     }
