@@ -623,12 +623,11 @@ impl Engine {
         rule: &Limited,
         cost: u64,
     ) -> DescriptorStatus {
-        let unit = rule.rate.unit.nanos();
-        let window_reset = unit - now % unit;
-        let Some(limit) = &rule.limit else {
-            return blocked(rule, window_reset);
+        let (limit, window_reset) = match limit_and_reset(rule, now) {
+            Ok(v) => v,
+            Err(blocked) => return blocked,
         };
-        let key = central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+        let key = central_key(domain, d);
         let decision = central.decide(rule.algorithm, &key, limit, now, cost).await;
         to_status(rule, &decision, window_reset)
     }
@@ -747,12 +746,9 @@ impl Engine {
         cost: u64,
         mode: Mode,
     ) -> DescriptorStatus {
-        let unit = rule.rate.unit.nanos();
-        // Time to the end of the unit's epoch-aligned window, as envoyproxy/ratelimit reports.
-        let window_reset = unit - now % unit;
-        let Some(limit) = &rule.limit else {
-            // `requests_per_unit: 0`: a block rule, nothing to count.
-            return blocked(rule, window_reset);
+        let (limit, window_reset) = match limit_and_reset(rule, now) {
+            Ok(v) => v,
+            Err(blocked) => return blocked,
         };
         let share;
         let limit = match (rule.coordination, self.shares.get()) {
@@ -833,14 +829,30 @@ async fn token_limited(
     rule: &Limited,
     cost: u64,
 ) -> DescriptorStatus {
-    let unit = rule.rate.unit.nanos();
-    let window_reset = unit - now % unit;
-    let Some(limit) = &rule.limit else {
-        return blocked(rule, window_reset);
+    let (limit, window_reset) = match limit_and_reset(rule, now) {
+        Ok(v) => v,
+        Err(blocked) => return blocked,
     };
-    let key = central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+    let key = central_key(domain, d);
     let decision = token.decide(rule.algorithm, &key, limit, now, cost).await;
     to_status(rule, &decision, window_reset)
+}
+
+/// The rule's limit and the time to the end of its unit's epoch-aligned window (what
+/// envoyproxy/ratelimit reports as the reset); `Err` with the status of a block rule
+/// (`requests_per_unit: 0`: nothing to count).
+fn limit_and_reset(rule: &Limited, now: Nanos) -> Result<(&Limit, Nanos), DescriptorStatus> {
+    let unit = rule.rate.unit.nanos();
+    let window_reset = unit - now % unit;
+    match &rule.limit {
+        Some(limit) => Ok((limit, window_reset)),
+        None => Err(blocked(rule, window_reset)),
+    }
+}
+
+/// The key of a descriptor's state in a central store (Redis or the token server).
+fn central_key(domain: &str, d: &Descriptor) -> String {
+    central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)))
 }
 
 /// Hits a descriptor takes: its own `hits_addend`, else the request's; 0 counts as 1.
