@@ -938,6 +938,7 @@ impl TokenClient {
             cost,
         });
         self.calls.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let reply = self
             .pool
             .call_within(
@@ -949,6 +950,11 @@ impl TokenClient {
                 &message,
             )
             .await;
+        // The decision is made when the answer (or the timeout) is here, not when the
+        // request was sent: a grant that arrives after its validity must not admit, and a
+        // permit counted by the server in one window must not be attributed to the last.
+        let now_sent = now;
+        let now = now.saturating_add(nanos(started.elapsed()));
         match reply {
             Ok(Reply::Grant {
                 granted,
@@ -977,7 +983,7 @@ impl TokenClient {
                     key,
                     kind,
                     limit,
-                    now,
+                    now_sent,
                     now,
                     cost,
                     granted,
@@ -1449,6 +1455,21 @@ mod tests {
             s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, 11 * S),
             Reply::Grant { granted: 5, .. }
         ));
+    }
+
+    #[test]
+    fn a_grant_that_arrives_after_its_validity_admits_nothing() {
+        // Sent at S, valid 10 ms from the send (the window's end), answered 12 ms later:
+        // the server counted those permits in a window that is over.
+        let mut b = LeaseBook::new(LeaseConfig::default());
+        let (l, k) = (fw(1000), AlgorithmKind::FixedWindow);
+        let d = b.apply("k", k, &l, S, S + 12_000_000, 1, 4, 10_000_000, None);
+        assert!(!d.allowed, "{d:?}");
+        assert_eq!(b.held(S + 12_000_000), 0);
+        // In time, the same grant admits.
+        let d = b.apply("k", k, &l, S, S + 9_000_000, 1, 4, 10_000_000, None);
+        assert!(d.allowed, "{d:?}");
+        assert_eq!(b.held(S + 9_000_000), 3);
     }
 
     #[test]

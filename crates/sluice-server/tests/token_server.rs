@@ -181,11 +181,16 @@ async fn load_engines(
     all
 }
 
+/// Admissions per window, each counted when its answer came back: a request that waits for
+/// a grant is admitted when the grant arrives (in the server's window), not when it was
+/// sent — counting it at the send time would move it to the window before whenever the call
+/// spans a window's end.
 fn per_window(log: &Log, only_leases: bool) -> BTreeMap<u64, u64> {
     let mut m = BTreeMap::new();
-    for &(t, ok, lease, _) in log {
+    for &(t, ok, lease, took) in log {
         if ok && (lease || !only_leases) {
-            *m.entry(t / SECOND).or_default() += 1;
+            let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            *m.entry(done / SECOND).or_default() += 1;
         }
     }
     m
