@@ -55,7 +55,10 @@
 //! * a reincarnated node answers the settlement requests it held: its old estate is final,
 //!   and each reply names the replier incarnation that froze the link
 //!   ([`crate::wire::SettleReply::replier_incarnation`]), so a dead node that folded that
-//!   link is not counted again.
+//!   link is not counted again. The answer matches the estate its heir settled: the verdict
+//!   names the ledger version used ([`crate::wire::Message::verdict_version`]); a freeze
+//!   after that version is not in the estate, so the link is answered as empty (its
+//!   counters would count its net twice), and without a version it is not answered.
 //!
 //! # Idle keys (reclamation)
 //!
@@ -610,6 +613,12 @@ pub struct Node {
     settling: BTreeMap<(NodeId, u64), Settlement>,
     /// Highest incarnation of each node this node settled as heir.
     settled: BTreeMap<NodeId, u64>,
+    /// The ledger version each incarnation we settled was settled with (told with the
+    /// verdict: see [`wire::Message::verdict_version`]).
+    settled_with: BTreeMap<(NodeId, u64), u64>,
+    /// Our own dead incarnations and the ledger version their heir settled them with: a link
+    /// such an incarnation froze is in its estate only if the freeze is in that version.
+    estate_versions: BTreeMap<u64, u64>,
     /// Final counters with dead incarnations, kept for their heir: per key `(F, S)`.
     frozen: BTreeMap<(NodeId, u64), Frozen>,
     /// Version of our ledger (bumped when a base changes) and the latest our heir holds.
@@ -698,6 +707,8 @@ impl Node {
             wards: BTreeMap::new(),
             settling: BTreeMap::new(),
             settled: BTreeMap::new(),
+            settled_with: BTreeMap::new(),
+            estate_versions: BTreeMap::new(),
             frozen: BTreeMap::new(),
             dead_floor: BTreeMap::new(),
             leave_started: None,
@@ -1561,6 +1572,7 @@ impl Node {
         } else {
             Vec::new()
         };
+        let dead_verdict = std::mem::take(&mut link.verdict);
         let message = Message {
             from_inc: self.inc,
             to_inc: link.inc,
@@ -1568,7 +1580,8 @@ impl Node {
             echo: link.echo,
             lifecycle: self.lifecycle,
             to_heir,
-            dead_verdict: std::mem::take(&mut link.verdict),
+            dead_verdict,
+            verdict_version: self.settled_with.get(&(to, dead_verdict)).copied(),
             ledger,
             keys: Vec::new(),
             settle_requests: requests,
@@ -1610,14 +1623,14 @@ impl Node {
         // docs/PROTOCOL.md, "Settlements across a multi-node cut"). Reincarnating only
         // drops capacity, so obeying an authentic verdict is always safe.
         if Some(from) == self.heir && msg.dead_verdict >= self.inc {
-            self.reincarnate(now, msg.dead_verdict);
+            self.reincarnate(now, msg.dead_verdict, msg.verdict_version);
             return;
         }
         // The same verdict from our dead heir's successor (it read it in the dead heir's
         // ledger): the succession it comes with must not revive a settled incarnation.
         if msg.succession.is_some_and(|(h, _)| Some(h) == self.heir) && msg.dead_verdict >= self.inc
         {
-            self.reincarnate(now, msg.dead_verdict);
+            self.reincarnate(now, msg.dead_verdict, msg.verdict_version);
             return;
         }
         if msg.from_inc <= self.dead_floor.get(&from).copied().unwrap_or(0) {
@@ -1686,7 +1699,7 @@ impl Node {
         }
         let is_heir = Some(from) == self.heir;
         if is_heir && msg.dead_verdict >= self.inc {
-            self.reincarnate(now, msg.dead_verdict);
+            self.reincarnate(now, msg.dead_verdict, msg.verdict_version);
             return;
         }
         if is_heir && msg.echo != 0 && msg.to_inc == self.inc {
@@ -1997,6 +2010,23 @@ impl Node {
         }
         let mut replier_incarnation = self.inc;
         let entries: Vec<(Key, u64, u64)> = match self.frozen.get(&(dead, inc)) {
+            // Frozen by an earlier incarnation of ours, now dead and inherited: the link is in
+            // that estate only if the freeze is in the ledger version our heir settled it
+            // with. Then the asker counts our side of it (the counters); otherwise our side
+            // counted as if the link never existed, and so must the asker's (no entries):
+            // answering with the counters would count the link's net twice (a reincarnated
+            // node whose old freeze never reached its heir). Unknown version: stay silent
+            // (that settlement waits: capacity lost, never counted twice).
+            Some(r) if r.by_inc != self.inc => {
+                replier_incarnation = r.by_inc;
+                match self.estate_versions.get(&r.by_inc) {
+                    Some(&v) if r.version <= v => {
+                        r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
+                    }
+                    Some(_) => Vec::new(),
+                    None => return,
+                }
+            }
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
             // right now would let our heir use the old base while the dead node's heir uses
@@ -2080,6 +2110,7 @@ impl Node {
             return;
         };
         let inc = ward.inc;
+        self.settled_with.insert((n, inc), ward.ledger.version);
         // The settlement is part of our ledger from now on (the ward is gone from our wards
         // and listed as settled: whoever inherits from us tells it, rather than reviving it
         // with a succession notice); see `announced`. A verdict before the estate is in is
@@ -2208,7 +2239,10 @@ impl Node {
 
     /// Told by the heir that incarnation `dead` was declared dead and inherited: come back
     /// as a new incarnation holding only the reservation (pitfall (c)).
-    fn reincarnate(&mut self, now: Nanos, dead: u64) {
+    fn reincarnate(&mut self, now: Nanos, dead: u64, version: Option<u64>) {
+        if let Some(v) = version.filter(|_| dead == self.inc) {
+            self.estate_versions.insert(self.inc, v);
+        }
         self.inc = dead.max(self.inc) + 1;
         let member = self.cfg.members.contains(&self.cfg.id);
         self.holdings = if member {
@@ -2240,9 +2274,11 @@ impl Node {
             l.confirm.clear();
         }
         // Answers held until our heir held our folded ledger can go now: the old
-        // incarnation's estate is final (its heir settled it before telling us), and a dead
-        // neighbour's heir waits for them (otherwise the cut never settles: it waits for us,
-        // we wait for an acknowledgement from a heir that is itself dead to us). The replies
+        // incarnation's estate is final (its heir settled it before telling us, with the
+        // ledger version the verdict names), and a dead neighbour's heir waits for them
+        // (otherwise the cut never settles: it waits for us, we wait for an acknowledgement
+        // from a heir that is itself dead to us). Each answer matches that estate: the
+        // counters if the freeze is in it, nothing if not (see `answer_settle`); the replies
         // name the incarnation that froze the link, so a dead node that folded the link is
         // not counted twice.
         self.ledger_acked = self.ledger_version;

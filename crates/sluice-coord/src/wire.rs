@@ -10,7 +10,7 @@ pub type NodeId = u32;
 pub type Key = u64;
 
 /// 2: settlement replies name the replier's incarnation.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,6 +123,12 @@ pub struct Message {
     pub to_heir: bool,
     /// From an heir: "your incarnation N was declared dead and inherited" (0: none).
     pub dead_verdict: u64,
+    /// With `dead_verdict`: the version of that incarnation's ledger the heir settles it
+    /// with (`None`: unknown; on the wire 0, else version + 1). Links the dead incarnation
+    /// froze after that version are not in its estate, so the reincarnated node answers
+    /// settlements of them as if they were empty (see [`crate::node`], "Settlements across a
+    /// multi-node cut").
+    pub verdict_version: Option<u64>,
     /// Sender's ledger, for its heir.
     pub ledger: Option<Ledger>,
     /// All active keys.
@@ -188,6 +194,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
         m.sent_at,
         m.echo,
         m.dead_verdict,
+        m.verdict_version.map_or(0, |v| v.saturating_add(1)),
         m.ledger_ack,
     ] {
         put(&mut out, v);
@@ -299,6 +306,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
     let sent_at = r.var()?;
     let echo = r.var()?;
     let dead_verdict = r.var()?;
+    let verdict_version = r.var()?.checked_sub(1);
     let ledger_ack = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
@@ -459,6 +467,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         lifecycle,
         to_heir,
         dead_verdict,
+        verdict_version,
         ledger,
         keys,
         settle_requests,
