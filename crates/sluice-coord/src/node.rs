@@ -44,7 +44,7 @@
 //! (pitfall (c)).
 //!
 //! Settlements across a multi-node cut (seed 003 §IV: "no local limiter gains or loses
-//! extra capacity"). Three rules keep chained settlements — a heir settling a ward while its
+//! extra capacity"). These rules keep chained settlements — a heir settling a ward while its
 //! own heir settles it — from counting capacity twice or waiting for ever:
 //! * a settlement acts on others (settle requests, succession notices) only once our heir
 //!   holds a ledger recording it ([`Node`]'s `announced`); otherwise a heir that inherits
@@ -58,7 +58,12 @@
 //!   link is not counted again. The answer matches the estate its heir settled: the verdict
 //!   names the ledger version used ([`crate::wire::Message::verdict_version`]); a freeze
 //!   after that version is not in the estate, so the link is answered as empty (its
-//!   counters would count its net twice), and without a version it is not answered.
+//!   counters would count its net twice), and without a version it is not answered;
+//! * only the incarnation a dead node's ledger names for a link answers for it
+//!   ([`crate::wire::Ledger::neighbours`], [`crate::wire::SettleReply::first`]): a restarted
+//!   neighbour cannot vouch for its previous incarnation's counters, so that estate waits
+//!   (capacity lost, never counted twice); and the dead node is told it is dead as soon as
+//!   its heir starts settling it, so it does not hold other heirs' answers meanwhile.
 //!
 //! # Idle keys (reclamation)
 //!
@@ -635,6 +640,9 @@ pub struct Node {
     /// This incarnation may have forgotten counters of an earlier one (restart,
     /// reincarnation): it cannot vouch for links it has no record of.
     amnesiac: bool,
+    /// Our first incarnation, if this is it or came from it (no earlier one can have had
+    /// links we cannot vouch for): see [`wire::SettleReply::first`].
+    first_inc: Option<u64>,
     /// The current heir (the configured one until it leaves).
     heir: Option<NodeId>,
     outbox: Vec<Outgoing>,
@@ -714,6 +722,7 @@ impl Node {
             leave_started: None,
             heir: cfg.heir,
             amnesiac: cfg.incarnation > 1,
+            first_inc: (cfg.incarnation <= 1).then_some(cfg.incarnation),
             ledger_version: 0,
             ledger_acked: 0,
             held: BTreeSet::new(),
@@ -1473,7 +1482,7 @@ impl Node {
                 .links
                 .iter()
                 .filter(|(_, l)| l.neighbour)
-                .map(|(p, _)| *p)
+                .map(|(p, l)| (*p, l.inc))
                 .collect(),
             wards: self.wards.keys().copied().collect(),
             settled: self.settled.iter().map(|(&n, &i)| (n, i)).collect(),
@@ -1634,8 +1643,16 @@ impl Node {
             return;
         }
         if msg.from_inc <= self.dead_floor.get(&from).copied().unwrap_or(0) {
-            // A dead incarnation: tell it, if we are the heir that settled it.
-            if self.settled.get(&from).is_some_and(|&s| s >= msg.from_inc) {
+            // A dead incarnation: tell it, if we are the heir that settled it or is settling
+            // it. Telling it before its estate is in is safe (it only drops what it holds),
+            // and needed: an estate may wait for ever (see `take_reply`), and the dead node
+            // must not hold settlement answers other heirs wait for meanwhile.
+            if self.settled.get(&from).is_some_and(|&s| s >= msg.from_inc)
+                || self
+                    .settling
+                    .keys()
+                    .any(|&(n, i)| n == from && i >= msg.from_inc)
+            {
                 // Sent with the next tick, not now: two nodes that each think the other dead
                 // must not ping-pong verdicts.
                 let link = self.link_entry(from, now, false);
@@ -2049,6 +2066,7 @@ impl Node {
         };
         let floor = self.dead_floor.entry(dead).or_insert(0);
         *floor = (*floor).max(inc);
+        let first = self.first_inc == Some(replier_incarnation);
         let link = self.link_entry(heir, 0, false);
         link.replies
             .retain(|r| !(r.dead == dead && r.incarnation == inc));
@@ -2056,6 +2074,7 @@ impl Node {
             dead,
             incarnation: inc,
             replier_incarnation,
+            first,
             entries,
         });
     }
@@ -2064,7 +2083,26 @@ impl Node {
         let Some(s) = self.settling.get_mut(&(r.dead, r.incarnation)) else {
             return;
         };
-        if !s.waiting.remove(&from) {
+        // Only the incarnation the dead node's live link was with (as of its last ledger)
+        // can answer for that link; with no live link, only a first incarnation (nothing
+        // earlier can have linked with it since). A later incarnation's answer leaves the
+        // earlier link's counters out: if that incarnation had folded them into its base
+        // (its heir counts them), the dead node's estate must count their other side, which
+        // only it knew; counting nothing there counts the link's net twice. So wait: an
+        // estate never completed is capacity lost, never counted twice (seed 003 §IV).
+        let live = s
+            .ward
+            .ledger
+            .neighbours
+            .iter()
+            .find(|n| n.0 == from)
+            .map_or(0, |n| n.1);
+        let covers = if live != 0 {
+            r.replier_incarnation == live
+        } else {
+            r.first
+        };
+        if !covers || !s.waiting.remove(&from) {
             return;
         }
         // The dead node froze this very link itself and reported it folded into its base.
@@ -2133,7 +2171,7 @@ impl Node {
             .ledger
             .neighbours
             .iter()
-            .copied()
+            .map(|&(j, _)| j)
             .filter(|&j| j != self.cfg.id && j != n)
             .collect();
         let me = self.cfg.id;

@@ -55,8 +55,10 @@ pub struct Ledger {
     pub holdings: Vec<Holding>,
     /// Keys whose base differs from the default (after inheriting), with the base.
     pub bases: Vec<(Key, i64)>,
-    /// The sender's neighbours (whom the heir asks to settle).
-    pub neighbours: Vec<NodeId>,
+    /// The sender's neighbours (whom the heir asks to settle), each with the incarnation its
+    /// live link is with (0: none). Only that incarnation's answer covers the link: a later
+    /// one cannot vouch for the counters of the one before (see [`SettleReply::first`]).
+    pub neighbours: Vec<(NodeId, u64)>,
     /// The sender's own wards (they need a new heir if the sender dies).
     pub wards: Vec<NodeId>,
     /// Incarnations the sender settled as heir (their estates are in its bases).
@@ -102,6 +104,10 @@ pub struct SettleReply {
     /// reincarnated after freezing the link. The heir needs it to tell whether the dead node
     /// already folded this very link into its base (`Ledger::folded`).
     pub replier_incarnation: u64,
+    /// The replier incarnation is the replier's first: no earlier one of it can have had a
+    /// link with the dead node. The heir takes an answer for a neighbour the dead node had no
+    /// live link with (as of its last ledger) only then.
+    pub first: bool,
     /// Per key: `(key, F = given to the dead, S = received from the dead)`.
     pub entries: Vec<(Key, u64, u64)>,
 }
@@ -223,13 +229,11 @@ pub fn encode(m: &Message) -> Vec<u8> {
             // Zigzag: small magnitudes of either sign stay short.
             put(&mut out, ((b << 1) ^ (b >> 63)) as u64);
         }
-        for list in [&l.neighbours, &l.wards] {
-            put(&mut out, list.len() as u64);
-            for &n in list {
-                put(&mut out, u64::from(n));
-            }
+        put(&mut out, l.wards.len() as u64);
+        for &n in &l.wards {
+            put(&mut out, u64::from(n));
         }
-        for list in [&l.settled, &l.folded] {
+        for list in [&l.neighbours, &l.settled, &l.folded] {
             put(&mut out, list.len() as u64);
             for &(n, inc) in list {
                 put(&mut out, u64::from(n));
@@ -262,6 +266,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
         put(&mut out, u64::from(r.dead));
         put(&mut out, r.incarnation);
         put(&mut out, r.replier_incarnation);
+        out.push(u8::from(r.first));
         put(&mut out, r.entries.len() as u64);
         for &(k, f, s) in &r.entries {
             put(&mut out, k);
@@ -343,14 +348,14 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
             bases.push((k, ((z >> 1) as i64) ^ -((z & 1) as i64)));
         }
         let n = r.count(1)?;
-        let mut neighbours = Vec::with_capacity(n);
-        for _ in 0..n {
-            neighbours.push(r.id()?);
-        }
-        let n = r.count(1)?;
         let mut wards = Vec::with_capacity(n);
         for _ in 0..n {
             wards.push(r.id()?);
+        }
+        let n = r.count(2)?;
+        let mut neighbours = Vec::with_capacity(n);
+        for _ in 0..n {
+            neighbours.push((r.id()?, r.var()?));
         }
         let n = r.count(2)?;
         let mut settled = Vec::with_capacity(n);
@@ -417,12 +422,18 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
     for _ in 0..n {
         settle_requests.push((r.id()?, r.var()?));
     }
-    let n = r.count(4)?;
+    let n = r.count(5)?;
     let mut settle_replies = Vec::with_capacity(n);
     for _ in 0..n {
         let dead = r.id()?;
         let incarnation = r.var()?;
         let replier_incarnation = r.var()?;
+        let at = r.at;
+        let first = match r.byte()? {
+            0 => false,
+            1 => true,
+            tag => return Err(WireError::Tag { tag, at }),
+        };
         let m = r.count(3)?;
         let mut entries = Vec::with_capacity(m);
         for _ in 0..m {
@@ -432,6 +443,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
             dead,
             incarnation,
             replier_incarnation,
+            first,
             entries,
         });
     }

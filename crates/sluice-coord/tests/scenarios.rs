@@ -777,3 +777,76 @@ fn set_gamma_follows_the_live_degree() {
     );
     assert!(c.sum_own(KEY) <= 3000, "Σ own {}", c.sum_own(KEY));
 }
+
+/// Seed 003 §IV, "no local limiter gains or loses extra capacity", when a neighbour restarts
+/// while the dead node's heir waits for its answer. Complete graph of 5 (heir of i is i+1);
+/// node 0 wants 5× what the others want, so node 2 gives to it. Node 2 stops reaching its
+/// heir, node 3, which settles it and asks its neighbours for their counters; node 0
+/// freezes its link with 2 (folding its net, +50,418 units, into its base, which its own
+/// heir, node 1, acknowledges) and answers, but the answer is lost. Node 0 then crashes and
+/// restarts; the new incarnation links with node 2 and answers node 3 for *its* link. Before
+/// the fix node 3 took that as node 0's answer: node 2's estate left out the link with node
+/// 0's first incarnation (whose side node 1 then inherited, folded), and Σ enforced reached
+/// L + 50,418. Now only the incarnation the dead node's ledger names can answer for a
+/// link: node 2's estate is lost instead (capacity lost, never counted twice), and node 3
+/// tells node 2 it is dead as soon as it starts settling, so node 2 answers node 1's
+/// settlement of node 0 and everything else recovers.
+#[test]
+fn a_later_incarnation_cannot_answer_for_the_link_of_an_earlier_one() {
+    let n = 5;
+    let limit = 1_000_000;
+    let make = |id: NodeId, inc: u64| {
+        let mut c = Config::new(id, (0..n).collect(), links_of(id, &complete(n)), limit);
+        c.gamma = 0.1;
+        c.cycle = CYCLE;
+        c.lease = 10 * CYCLE;
+        c.demand_tau = 2 * CYCLE;
+        c.incarnation = inc;
+        c
+    };
+    let mut net = DirectedNet::new((0..n).map(|i| make(i, 1)).collect());
+    assert_eq!(net.nodes[2].heir(), Some(3));
+    assert_eq!(net.nodes[0].heir(), Some(1));
+    let demand: Vec<(NodeId, u64, f64)> = (0..n)
+        .map(|i| (i, KEY, if i == 0 { 500_000.0 } else { 100_000.0 }))
+        .collect();
+    let mut run = |net: &mut DirectedNet, cycles: usize| {
+        for _ in 0..cycles {
+            net.cycle(&demand);
+            assert!(
+                net.sum_enforced(KEY) <= limit,
+                "Σ enforced {} > L at t={}",
+                net.sum_enforced(KEY),
+                net.now / CYCLE
+            );
+        }
+    };
+    run(&mut net, 20);
+    assert_eq!(net.sum_own(KEY), limit);
+    // 2 → 3 and 0 → 3 lost: node 3 settles node 2; node 0's answer does not arrive.
+    net.blocked.insert((2, 3));
+    net.blocked.insert((0, 3));
+    run(&mut net, 16);
+    // Node 0 crashes and restarts as incarnation 2.
+    let now = net.now;
+    net.nodes[0] = Node::new(make(0, 2), now).unwrap();
+    run(&mut net, 4);
+    net.blocked.remove(&(0, 3));
+    run(&mut net, 20);
+    net.blocked.clear();
+    run(&mut net, 60);
+    let own = net.sum_own(KEY);
+    assert!(own <= limit, "Σ own {own} > L: capacity counted twice");
+    // What is lost is node 2's share (about 120,000 units), nothing more.
+    assert!(own >= limit - 130_000, "Σ own {own}");
+    assert_eq!(net.nodes[2].incarnation(), 2, "node 2 was told");
+    for node in &net.nodes {
+        assert_eq!(
+            node.lease_state(net.now),
+            sluice_coord::node::LeaseState::Valid,
+            "node {}",
+            node.id()
+        );
+    }
+    assert_eq!(net.sum_enforced(KEY), own);
+}
