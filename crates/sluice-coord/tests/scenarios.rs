@@ -810,7 +810,7 @@ fn a_later_incarnation_cannot_answer_for_the_link_of_an_earlier_one() {
     let demand: Vec<(NodeId, u64, f64)> = (0..n)
         .map(|i| (i, KEY, if i == 0 { 500_000.0 } else { 100_000.0 }))
         .collect();
-    let mut run = |net: &mut DirectedNet, cycles: usize| {
+    let run = |net: &mut DirectedNet, cycles: usize| {
         for _ in 0..cycles {
             net.cycle(&demand);
             assert!(
