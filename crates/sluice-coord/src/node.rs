@@ -55,10 +55,11 @@
 //! * a reincarnated node answers the settlement requests it held: its old estate is final,
 //!   and each reply names the replier incarnation that froze the link
 //!   ([`crate::wire::SettleReply::replier_incarnation`]), so a dead node that folded that
-//!   link is not counted again. The answer matches the estate its heir settled: the verdict
-//!   names the ledger version used ([`crate::wire::Message::verdict_version`]); a freeze
-//!   after that version is not in the estate, so the link is answered as empty (its
-//!   counters would count its net twice), and without a version it is not answered;
+//!   link is not counted again. Each answer says whether the replier's side of the link is
+//!   in its estate ([`crate::wire::SettleReply::in_estate`]: the verdict names the ledger
+//!   version the heir settled with, [`crate::wire::Message::verdict_version`]); counters
+//!   that are not are never counted for the dead node (only ignored where it folded the
+//!   link itself);
 //! * only the incarnation a dead node's ledger names for a link answers for it
 //!   ([`crate::wire::Ledger::neighbours`], [`crate::wire::SettleReply::first`]): a restarted
 //!   neighbour cannot vouch for its previous incarnation's counters, so that estate waits
@@ -2026,23 +2027,21 @@ impl Node {
             self.freeze(dead, inc);
         }
         let mut replier_incarnation = self.inc;
+        let mut in_estate = true;
         let entries: Vec<(Key, u64, u64)> = match self.frozen.get(&(dead, inc)) {
-            // Frozen by an earlier incarnation of ours, now dead and inherited: the link is in
-            // that estate only if the freeze is in the ledger version our heir settled it
-            // with. Then the asker counts our side of it (the counters); otherwise our side
-            // counted as if the link never existed, and so must the asker's (no entries):
-            // answering with the counters would count the link's net twice (a reincarnated
-            // node whose old freeze never reached its heir). Unknown version: stay silent
-            // (that settlement waits: capacity lost, never counted twice).
+            // Frozen by an earlier incarnation of ours, now dead and inherited: our side of
+            // the link is in that estate only if the freeze is in the ledger version our heir
+            // settled it with. If not (or unknown), say so: the asker must not count the
+            // counters for the dead node unless the dead node folded the link itself, or the
+            // link would count on both sides (a reincarnated node whose freeze never
+            // reached its heir, and a dead peer whose heir counts the link from our answer).
             Some(r) if r.by_inc != self.inc => {
                 replier_incarnation = r.by_inc;
-                match self.estate_versions.get(&r.by_inc) {
-                    Some(&v) if r.version <= v => {
-                        r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
-                    }
-                    Some(_) => Vec::new(),
-                    None => return,
-                }
+                in_estate = self
+                    .estate_versions
+                    .get(&r.by_inc)
+                    .is_some_and(|&v| r.version <= v);
+                r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
             }
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
@@ -2075,6 +2074,7 @@ impl Node {
             incarnation: inc,
             replier_incarnation,
             first,
+            in_estate,
             entries,
         });
     }
@@ -2102,15 +2102,17 @@ impl Node {
         } else {
             r.first
         };
-        if !covers || !s.waiting.remove(&from) {
-            return;
-        }
         // The dead node froze this very link itself and reported it folded into its base.
         let folded = s
             .ward
             .ledger
             .folded
             .contains(&(from, r.replier_incarnation));
+        // Counters the replier's own estate does not account for can only be ignored (the
+        // link is folded here); counting them would count the link on both sides: wait.
+        if !covers || !(folded || r.in_estate) || !s.waiting.remove(&from) {
+            return;
+        }
         for &(k, f, sv) in r.entries.iter().filter(|_| !folded) {
             *s.terms.entry(k).or_insert(0) += i128::from(f) - i128::from(sv);
         }
@@ -2161,21 +2163,49 @@ impl Node {
         let floor = self.dead_floor.entry(n).or_insert(0);
         *floor = (*floor).max(inc);
         let mut terms = BTreeMap::new();
-        let folded = ward.ledger.folded.contains(&(self.cfg.id, self.inc));
-        if let Some(rec) = self.frozen.get(&(n, inc)).filter(|_| !folded) {
+        // Our own side of the link, as `take_reply` takes a neighbour's: only from the
+        // incarnation the ward's ledger names, and only counters our own accounts hold.
+        let me = self.cfg.id;
+        let live = ward
+            .ledger
+            .neighbours
+            .iter()
+            .find(|l| l.0 == me)
+            .map_or(0, |l| l.1);
+        let rec = self.frozen.get(&(n, inc));
+        let by = rec.map_or(self.inc, |r| r.by_inc);
+        let folded = ward.ledger.folded.contains(&(me, by));
+        let covers = if live != 0 {
+            live == by
+        } else {
+            self.first_inc == Some(by)
+        };
+        let in_estate = rec.is_none_or(|r| {
+            r.by_inc == self.inc
+                || self
+                    .estate_versions
+                    .get(&r.by_inc)
+                    .is_some_and(|&v| r.version <= v)
+        });
+        if let Some(rec) = rec.filter(|_| !folded) {
             for (&k, &(f, s)) in &rec.counters {
                 terms.insert(k, i128::from(f) - i128::from(s));
             }
         }
-        let waiting: BTreeSet<NodeId> = ward
+        let mut waiting: BTreeSet<NodeId> = ward
             .ledger
             .neighbours
             .iter()
             .map(|&(j, _)| j)
-            .filter(|&j| j != self.cfg.id && j != n)
+            .filter(|&j| j != me && j != n)
             .collect();
-        let me = self.cfg.id;
-        for &j in &waiting {
+        let is_neighbour = ward.ledger.neighbours.iter().any(|l| l.0 == me);
+        if is_neighbour && !(covers && (folded || in_estate)) {
+            // We cannot vouch for our own side: nobody ever answers for us, so this estate
+            // never completes (capacity lost, never counted twice).
+            waiting.insert(me);
+        }
+        for &j in waiting.iter().filter(|&&j| j != me) {
             self.link_entry(j, 0, false);
         }
         // Succession (seed 003 §IV applied to heirs): the dead node's wards get us as heir,

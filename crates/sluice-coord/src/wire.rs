@@ -108,6 +108,13 @@ pub struct SettleReply {
     /// link with the dead node. The heir takes an answer for a neighbour the dead node had no
     /// live link with (as of its last ledger) only then.
     pub first: bool,
+    /// The replier's side of this link is in its own accounts: folded into a ledger its
+    /// heir holds, or it is alive and keeps it. `false` from a reincarnated replier whose
+    /// old incarnation froze the link after the ledger its heir settled it with (or that
+    /// does not know which ledger that was): counting these counters for the dead node
+    /// would count the link on both sides, so the heir uses them only where the dead node
+    /// folded the link itself (and then ignores them), and otherwise waits.
+    pub in_estate: bool,
     /// Per key: `(key, F = given to the dead, S = received from the dead)`.
     pub entries: Vec<(Key, u64, u64)>,
 }
@@ -132,8 +139,8 @@ pub struct Message {
     /// With `dead_verdict`: the version of that incarnation's ledger the heir settles it
     /// with (`None`: unknown; on the wire 0, else version + 1). Links the dead incarnation
     /// froze after that version are not in its estate, so the reincarnated node answers
-    /// settlements of them as if they were empty (see [`crate::node`], "Settlements across a
-    /// multi-node cut").
+    /// settlements of them with [`SettleReply::in_estate`] false (see [`crate::node`],
+    /// "Settlements across a multi-node cut").
     pub verdict_version: Option<u64>,
     /// Sender's ledger, for its heir.
     pub ledger: Option<Ledger>,
@@ -266,7 +273,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
         put(&mut out, u64::from(r.dead));
         put(&mut out, r.incarnation);
         put(&mut out, r.replier_incarnation);
-        out.push(u8::from(r.first));
+        out.push(u8::from(r.first) | (u8::from(r.in_estate) << 1));
         put(&mut out, r.entries.len() as u64);
         for &(k, f, s) in &r.entries {
             put(&mut out, k);
@@ -429,11 +436,11 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         let incarnation = r.var()?;
         let replier_incarnation = r.var()?;
         let at = r.at;
-        let first = match r.byte()? {
-            0 => false,
-            1 => true,
-            tag => return Err(WireError::Tag { tag, at }),
-        };
+        let flags = r.byte()?;
+        if flags > 3 {
+            return Err(WireError::Tag { tag: flags, at });
+        }
+        let (first, in_estate) = (flags & 1 == 1, flags & 2 == 2);
         let m = r.count(3)?;
         let mut entries = Vec::with_capacity(m);
         for _ in 0..m {
@@ -444,6 +451,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
             incarnation,
             replier_incarnation,
             first,
+            in_estate,
             entries,
         });
     }
