@@ -3,8 +3,9 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::hint::black_box;
+use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use sluice_graph::{Analysis, Noise, SolverOptions, Topology, fastest_weights, robust_weights};
 
 fn analysis(c: &mut Criterion) {
@@ -87,5 +88,33 @@ fn synthesis_dense(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, analysis, synthesis, synthesis_dense);
+/// Dense *irregular* 100-node graph (issue 6): `random-regular:100:50`, m = 2,500 links.
+/// SDP 33 takes the matrix-free path with a stale-factor preconditioner (a Hessian
+/// factorisation every few Newton steps). One run takes seconds, so the group takes the
+/// fewest runs criterion allows: flat sampling, 10 samples of one run each, no warm-up loop.
+fn synthesis_irregular(c: &mut Criterion) {
+    let mut g = c.benchmark_group("synthesis-irregular");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    let t = Topology::random_regular(100, 50, 0).unwrap();
+    let noise = Noise::Iid { sigma: 1.0 };
+    let gamma = Analysis::new(&t, None, &noise).unwrap().gamma_opt;
+    g.bench_function("fastest random-regular:100:50", |b| {
+        b.iter(|| fastest_weights(black_box(&t), gamma, SolverOptions::default()).unwrap())
+    });
+    g.bench_function("robust random-regular:100:50", |b| {
+        b.iter(|| robust_weights(black_box(&t), gamma, &noise, SolverOptions::default()).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    analysis,
+    synthesis,
+    synthesis_dense,
+    synthesis_irregular
+);
 criterion_main!(benches);

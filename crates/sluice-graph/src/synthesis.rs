@@ -15,8 +15,14 @@
 //!   links, O(n³ + m), solved by conjugate gradients preconditioned with the Hessian's
 //!   diagonal (itself O(n² + m)). Dense graphs (K100: m = 4,950) take this path; an m×m
 //!   factorisation there costs ~4·10¹⁰ flops per step. CG needs few iterations for SDP 35
-//!   and for edge-transitive graphs, but hundreds for SDP 33 on irregular graphs (see
-//!   [`NewtonSystem::Auto`]'s estimates), so mid-density irregular graphs stay slow.
+//!   and for edge-transitive graphs such as K_n.
+//! - For SDP 33 on *irregular* graphs the diagonal is not enough: near the optimum CG needs
+//!   hundreds to thousands of iterations per step. The Hessian is far from low-rank-plus-
+//!   diagonal there (a Woodbury preconditioner built from the pairs of eigenvectors at λ2
+//!   and λn was measured: only 10–20 % fewer iterations than the diagonal), so the
+//!   matrix-free path then factors the Hessian once and keeps that factor as the CG
+//!   preconditioner for the following steps, refactoring only when CG slows down (see
+//!   `StaleFactor`): a factorisation every 5–6 steps instead of every step.
 //!
 //! [`NewtonSystem::Auto`] picks by the cost estimate. The certificate below does not depend
 //! on how the steps were computed: an inexact Newton direction can only cost steps, never
@@ -27,7 +33,7 @@
 //! gap `objective − lower_bound`. Both bounds use that every link weight of a candidate at
 //! least as good lies in a box `0 ≤ w_e ≤ W`, because `λn ≥ 2·w_e` (`L ⪰ w_e·L_e`).
 
-use faer::linalg::solvers::{DenseSolveCore, Solve};
+use faer::linalg::solvers::{DenseSolveCore, Llt, Solve};
 use faer::{Mat, Side};
 
 use crate::analysis::{phi_cr, require_connected};
@@ -63,16 +69,19 @@ pub enum NewtonSystem {
     Auto,
     /// Form and factor the m×m Hessian.
     Dense,
-    /// Conjugate gradients on Hessian-vector products, no m×m matrix.
+    /// Conjugate gradients on Hessian-vector products, preconditioned by the Hessian's
+    /// diagonal; for SDP 33, when that converges slowly, by the Cholesky factor of the
+    /// Hessian at an earlier step (refreshed when CG slows down), so an m×m matrix may
+    /// still be formed, but only every few steps.
     MatrixFree,
 }
 
-/// CG iterations per Newton step assumed by `Auto`, measured (release, 100 nodes):
-/// SDP 35 needs a handful; SDP 33 needs hundreds on irregular graphs, because near the
-/// optimum `(θI ∓ B)⁻¹` is dominated by the few eigenvectors at λ2 and λn (a low-rank, huge
-/// part of the Hessian that a diagonal preconditioner cannot flatten), and a handful on
-/// edge-transitive graphs such as K_n.
-const FASTEST_CG_ESTIMATE: f64 = 300.0;
+/// CG iterations per Newton step assumed by `Auto`, measured (release, 100 nodes): SDP 35
+/// needs a handful. SDP 33 needs a handful on edge-transitive graphs such as K_n and, with
+/// the stale-factor preconditioner, 10–20 per step on irregular graphs plus a
+/// factorisation every 5–6 steps (`random-regular:100:30`, m = 1,500: 5–7 s matrix-free
+/// against 9.6 s dense), so the factor path wins from m ≈ 800 on 100 nodes.
+const FASTEST_CG_ESTIMATE: f64 = 20.0;
 const ROBUST_CG_ESTIMATE: f64 = 20.0;
 
 impl NewtonSystem {
@@ -91,7 +100,9 @@ impl NewtonSystem {
     }
 }
 
-/// Relative residual at which CG stops: an inexact Newton step. Measured on SDP 33
+/// Relative residual (in the preconditioner's norm, so that the diagonal scaling of the
+/// barrier terms `1/w_e²`, which reach t², does not make the test unreachable) at which CG
+/// stops: an inexact Newton step. Measured on SDP 33
 /// (`random-regular:100:10`, matrix-free): 1e-6 takes the same number of Newton steps as
 /// 1e-10 at a fraction of the CG iterations; 1e-2 doubles the Newton steps and loosens the
 /// final gap.
@@ -113,6 +124,8 @@ pub struct Synthesis {
     pub duality_gap: f64,
     /// Newton steps taken.
     pub newton_steps: usize,
+    /// Conjugate-gradient iterations over all Newton steps (0 on the dense path).
+    pub cg_iterations: usize,
 }
 
 /// `u_eᵀ X u_f` for links e = {a, b}, f = {c, d}.
@@ -159,23 +172,23 @@ fn centred(decrement: f64, _phi: f64) -> bool {
     decrement / 2.0 <= 1e-10
 }
 
-/// Solves `H x = −g` for symmetric positive definite `H` (tiny ridge if needed).
-fn newton_direction(h: &Mat<f64>, g: &[f64]) -> Result<Vec<f64>, GraphError> {
-    let k = g.len();
-    let rhs = Mat::from_fn(k, 1, |i, _| -g[i]);
+/// Cholesky factor of a symmetric positive definite `H`, with a tiny ridge if rounding made
+/// it indefinite.
+fn factor_spd(h: &Mat<f64>) -> Result<Llt<f64>, GraphError> {
+    let k = h.nrows();
     let mut ridge = 0.0;
     let scale = (0..k)
         .map(|i| h[(i, i)].abs())
         .fold(0.0, f64::max)
         .max(1e-300);
     for _ in 0..8 {
-        let hr = Mat::from_fn(k, k, |i, j| h[(i, j)] + if i == j { ridge } else { 0.0 });
-        if let Ok(llt) = hr.llt(Side::Lower) {
-            let x = llt.solve(&rhs);
-            let v: Vec<f64> = (0..k).map(|i| x[(i, 0)]).collect();
-            if v.iter().all(|x| x.is_finite()) {
-                return Ok(v);
-            }
+        let factor = if ridge == 0.0 {
+            h.llt(Side::Lower)
+        } else {
+            Mat::from_fn(k, k, |i, j| h[(i, j)] + if i == j { ridge } else { 0.0 }).llt(Side::Lower)
+        };
+        if let Ok(llt) = factor {
+            return Ok(llt);
         }
         ridge = if ridge == 0.0 {
             1e-14 * scale
@@ -188,35 +201,153 @@ fn newton_direction(h: &Mat<f64>, g: &[f64]) -> Result<Vec<f64>, GraphError> {
     ))
 }
 
-/// Solves `H x = −g` by conjugate gradients with the Jacobi preconditioner `diag`, where `hv`
-/// computes `H·v` (symmetric positive definite). Stops at relative residual
-/// [`CG_TOLERANCE`] or after [`CG_MAX_ITERATIONS`].
-fn cg_direction(
-    hv: impl Fn(&[f64]) -> Vec<f64>,
-    diag: &[f64],
-    g: &[f64],
-) -> Result<Vec<f64>, GraphError> {
-    let k = g.len();
-    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-    let precond = |r: &[f64]| -> Vec<f64> {
+/// `H⁻¹ r` from a Cholesky factor of `H`.
+fn solve_with(llt: &Llt<f64>, r: &[f64]) -> Vec<f64> {
+    let mut x = Mat::from_fn(r.len(), 1, |i, _| r[i]);
+    llt.solve_in_place(x.as_mut());
+    (0..r.len()).map(|i| x[(i, 0)]).collect()
+}
+
+/// Solves `H x = −g` for symmetric positive definite `H` (tiny ridge if needed).
+fn newton_direction(h: &Mat<f64>, g: &[f64]) -> Result<Vec<f64>, GraphError> {
+    let minus_g: Vec<f64> = g.iter().map(|v| -v).collect();
+    let x = solve_with(&factor_spd(h)?, &minus_g);
+    if x.iter().all(|v| v.is_finite()) {
+        Ok(x)
+    } else {
+        Err(GraphError::Numerical(
+            "Newton system is not positive definite".into(),
+        ))
+    }
+}
+
+/// Jacobi-preconditioned CG iterations tried per Newton step of SDP 33 before switching to
+/// a factored Hessian for the rest of the solve. K_n and other edge-transitive graphs
+/// converge in a handful; irregular graphs need hundreds to thousands near the optimum.
+const JACOBI_CG_LIMIT: usize = 100;
+/// With a stale factor as preconditioner: refactor at the next step when CG took more than
+/// this many iterations (one refactorisation of m = 2,500 costs ~150 Hessian products)…
+const STALE_CG_LIMIT: usize = 10;
+/// …and refactor at once when it has not converged after this many.
+const STALE_CG_MAX: usize = 100;
+
+/// The matrix-free Newton solver of SDP 33: conjugate gradients preconditioned by the
+/// Hessian's diagonal while that converges quickly, else by the Cholesky factor of the
+/// Hessian at an earlier iterate, refreshed when CG slows down.
+///
+/// Why a stale factor is a good preconditioner: the Hessian here is the barrier's alone (the
+/// objective `tθ` is linear, so raising t does not change it), and the barrier (−log det of
+/// affine matrices, −Σ log w_e) is self-concordant, so after moves of total local norm
+/// δ < 1, `(1 − δ)² H(x) ⪯ H(x + Δ) ⪯ H(x)/(1 − δ)²` (Nesterov, Introductory Lectures,
+/// Thm 4.1.6): the preconditioned system has condition number at most `(1 − δ)⁻⁴`, and
+/// near the centre, where Newton moves are short, CG converges in a few iterations.
+/// After long moves (early damped steps) CG slows down, and its iteration count is the
+/// signal to refactor. Whatever the factor's age, PCG with an SPD preconditioner converges,
+/// and a step whose CG does not converge within [`STALE_CG_MAX`] is taken as an exact Newton
+/// step from a fresh factor: every direction is either CG-converged to [`CG_TOLERANCE`] or
+/// exact, as on the dense path.
+#[derive(Default)]
+struct StaleFactor {
+    factor: Option<Llt<f64>>,
+    /// Refactor at the next step.
+    refresh: bool,
+}
+
+impl std::fmt::Debug for StaleFactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaleFactor")
+            .field("factored", &self.factor.is_some())
+            .field("refresh", &self.refresh)
+            .finish()
+    }
+}
+
+impl StaleFactor {
+    /// Solves `H x = −g`, where `hv` computes `H·v`, `diag` is H's diagonal and `dense`
+    /// forms H. Returns the direction and the CG iterations taken.
+    fn direction(
+        &mut self,
+        hv: impl Fn(&[f64]) -> Vec<f64>,
+        diag: &[f64],
+        dense: impl FnOnce() -> Mat<f64>,
+        g: &[f64],
+    ) -> Result<(Vec<f64>, usize), GraphError> {
+        let mut iterations = 0;
+        match &self.factor {
+            None => {
+                let (x, its, converged) = cg_direction(&hv, jacobi(diag), g, JACOBI_CG_LIMIT)?;
+                if converged {
+                    return Ok((x, its));
+                }
+                iterations += its;
+            }
+            Some(llt) if !self.refresh => {
+                let (x, its, converged) =
+                    cg_direction(&hv, |r| solve_with(llt, r), g, STALE_CG_MAX)?;
+                if converged {
+                    self.refresh = its > STALE_CG_LIMIT;
+                    return Ok((x, its));
+                }
+                iterations += its;
+            }
+            Some(_) => {}
+        }
+        // Factor the current Hessian: the step is then an exact Newton step.
+        self.factor = None; // free the old factor before building the new one
+        let llt = factor_spd(&dense())?;
+        let minus_g: Vec<f64> = g.iter().map(|v| -v).collect();
+        let x = solve_with(&llt, &minus_g);
+        if !x.iter().all(|v| v.is_finite()) {
+            return Err(GraphError::Numerical(
+                "Newton system is not positive definite".into(),
+            ));
+        }
+        self.factor = Some(llt);
+        self.refresh = false;
+        Ok((x, iterations))
+    }
+}
+
+/// Jacobi preconditioner: `r ↦ r / diag` (entries without curvature passed through).
+fn jacobi(diag: &[f64]) -> impl Fn(&[f64]) -> Vec<f64> + '_ {
+    move |r: &[f64]| {
         r.iter()
             .zip(diag)
             .map(|(ri, di)| if *di > 0.0 { ri / di } else { *ri })
             .collect()
-    };
+    }
+}
+
+/// Solves `H x = −g` by preconditioned conjugate gradients, where `hv` computes `H·v`
+/// (symmetric positive definite) and `precond` applies an approximation of `H⁻¹`. Stops when
+/// the residual, measured in the preconditioner's norm, has fallen by [`CG_TOLERANCE`], or
+/// after `max_iterations`; returns the direction, the iterations taken and whether it
+/// converged.
+fn cg_direction(
+    hv: impl Fn(&[f64]) -> Vec<f64>,
+    precond: impl Fn(&[f64]) -> Vec<f64>,
+    g: &[f64],
+    max_iterations: usize,
+) -> Result<(Vec<f64>, usize, bool), GraphError> {
+    let k = g.len();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let mut x = vec![0.0; k];
     let mut r: Vec<f64> = g.iter().map(|v| -v).collect();
-    let stop = CG_TOLERANCE * dot(&r, &r).sqrt();
     let mut z = precond(&r);
     let mut p = z.clone();
     let mut rz = dot(&r, &z);
-    for _ in 0..CG_MAX_ITERATIONS {
-        if dot(&r, &r).sqrt() <= stop {
+    let stop = CG_TOLERANCE * CG_TOLERANCE * rz;
+    let mut iterations = 0;
+    let mut converged = false;
+    for _ in 0..max_iterations {
+        if rz <= stop {
+            converged = true;
             break;
         }
+        iterations += 1;
         let ap = hv(&p);
         let pap = dot(&p, &ap);
-        if !(pap > 0.0 && pap.is_finite()) {
+        if !(pap > 0.0 && pap.is_finite() && rz > 0.0) {
             // Rounding made the curvature vanish: keep what CG has (a descent direction),
             // or the preconditioned gradient if it has nothing yet.
             break;
@@ -238,12 +369,16 @@ fn cg_direction(
         x = precond(&g.iter().map(|v| -v).collect::<Vec<_>>());
     }
     if x.iter().all(|v| v.is_finite()) {
-        Ok(x)
+        Ok((x, iterations, converged || rz <= stop))
     } else {
         Err(GraphError::Numerical(
             "conjugate gradients diverged on the Newton system".into(),
         ))
     }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// `[u_eᵀ (A L(v) B) u_e]_e` for every link: the matrix-free Hessian-vector product's core
@@ -308,11 +443,13 @@ pub fn fastest_weights(
     };
 
     let matrix_free = opts.newton_system.matrix_free(n, m, FASTEST_CG_ESTIMATE);
+    let mut stale = StaleFactor::default();
     let mut w = vec![w0; m];
     let mut theta = 1.5;
     let nu = (2 * n + m) as f64;
     let mut t = nu;
     let mut steps = 0;
+    let mut cg_iterations = 0;
     let k = m + 1;
     'outer: loop {
         // Centering by damped Newton.
@@ -343,24 +480,7 @@ pub fn fastest_weights(
             g[m] = t - tr(&s1) - tr(&s2);
             h_theta[m] = tr(&s1s) + tr(&s2s);
             diag[m] = h_theta[m];
-            let dx = if matrix_free {
-                // H·v = γ²[u_eᵀ(S1 L(v) S1 + S2 L(v) S2)u_e] + v_e/w_e² + θ column terms.
-                let hv = |v: &[f64]| -> Vec<f64> {
-                    let vw = &v[..m];
-                    let a = link_quads(n, &links, &s1, vw, &s1);
-                    let b = link_quads(n, &links, &s2, vw, &s2);
-                    let mut out: Vec<f64> = (0..m)
-                        .map(|e| {
-                            gamma * gamma * (a[e] + b[e])
-                                + vw[e] / (w[e] * w[e])
-                                + h_theta[e] * v[m]
-                        })
-                        .collect();
-                    out.push(h_theta.iter().zip(v).map(|(h, x)| h * x).sum());
-                    out
-                };
-                cg_direction(hv, &diag, &g)?
-            } else {
+            let dense_hessian = || {
                 let mut h = Mat::<f64>::zeros(k, k);
                 for (e, &le) in links.iter().enumerate() {
                     for (f, &lf) in links.iter().enumerate().take(e + 1) {
@@ -374,7 +494,29 @@ pub fn fastest_weights(
                     h[(m, e)] = h_theta[e];
                 }
                 h[(m, m)] = h_theta[m];
-                newton_direction(&h, &g)?
+                h
+            };
+            let dx = if matrix_free {
+                // H·v = γ²[u_eᵀ(S1 L(v) S1 + S2 L(v) S2)u_e] + v_e/w_e² + θ column terms.
+                let hv = |v: &[f64]| -> Vec<f64> {
+                    let vw = &v[..m];
+                    let a = link_quads(n, &links, &s1, vw, &s1);
+                    let b = link_quads(n, &links, &s2, vw, &s2);
+                    let mut out: Vec<f64> = (0..m)
+                        .map(|e| {
+                            gamma * gamma * (a[e] + b[e])
+                                + vw[e] / (w[e] * w[e])
+                                + h_theta[e] * v[m]
+                        })
+                        .collect();
+                    out.push(dot(&h_theta, v));
+                    out
+                };
+                let (dx, its) = stale.direction(hv, &diag, dense_hessian, &g)?;
+                cg_iterations += its;
+                dx
+            } else {
+                newton_direction(&dense_hessian(), &g)?
             };
             let decrement: f64 = -g.iter().zip(&dx).map(|(a, b)| a * b).sum::<f64>();
             let f0 = phi(t, &w, theta).ok_or_else(|| GraphError::Numerical("domain".into()))?;
@@ -438,6 +580,7 @@ pub fn fastest_weights(
         lower_bound,
         duality_gap: (objective - lower_bound).max(0.0),
         newton_steps: steps,
+        cg_iterations,
     })
 }
 
@@ -510,6 +653,7 @@ pub fn robust_weights(
     let nu = m as f64;
     let mut t = nu / f_start.max(1e-300);
     let mut steps = 0;
+    let mut cg_iterations = 0;
     'outer: loop {
         let mut pure_steps = 0;
         loop {
@@ -542,7 +686,9 @@ pub fn robust_weights(
                         .map(|e| t * (a[e] / gamma + gamma * gamma * b[e]) + v[e] / (w[e] * w[e]))
                         .collect()
                 };
-                cg_direction(hv, &diag, &g)?
+                let (dx, its, _) = cg_direction(hv, jacobi(&diag), &g, CG_MAX_ITERATIONS)?;
+                cg_iterations += its;
+                dx
             } else {
                 let mut h = Mat::<f64>::zeros(m, m);
                 for (e, &le) in links.iter().enumerate() {
@@ -606,5 +752,6 @@ pub fn robust_weights(
         lower_bound,
         duality_gap: (objective - lower_bound).max(0.0),
         newton_steps: steps,
+        cg_iterations,
     })
 }

@@ -168,6 +168,7 @@ fn json_report(
             "lower_bound": s.lower_bound,
             "duality_gap": s.duality_gap,
             "newton_steps": s.newton_steps,
+            "cg_iterations": s.cg_iterations,
             "input_phi_cr": input.phi_cr,
             "input_phi_ss": num(input.phi_ss),
         });
