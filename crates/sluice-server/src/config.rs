@@ -1,5 +1,5 @@
 //! Configuration: envoyproxy/ratelimit's YAML files, read unchanged, plus Sluice's own
-//! per-rule fields (`algorithm`, `burst`, `coordination`).
+//! per-rule fields (`algorithm`, `burst`, `coordination`, `leases`).
 //!
 //! A configuration is a set of *domains*; each domain is a tree of descriptors (`key`, an
 //! optional `value`, an optional `rate_limit`, nested `descriptors`). Every error found while
@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use saphyr::{MarkedYaml, ScalarStyle, YamlData, YamlLoader};
 use saphyr_parser::{Marker, Parser};
+use sluice_coord::allocation::AllocationPolicy;
 use sluice_limits::{AlgorithmKind, Limit, Nanos};
 
 /// The maps of the descriptor tree, read on every request: a fast hash (keys are set by
@@ -136,6 +138,53 @@ impl Coordination {
     }
 }
 
+/// Sluice's per-rule `leases`: how `POST /v1/lease` hands out the rule's capacity to
+/// clients that throttle themselves (seed 000 §7). A field left out takes the daemon's
+/// setting ([`crate::lease::LeaseConfig`]).
+///
+/// ```yaml
+/// rate_limit:
+///   unit: second
+///   requests_per_unit: 100
+///   leases: { policy: proportional, duration: 10s }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuleLeases {
+    /// `policy`: `max-min` (seed 000 §7 Alg. 2, water-filling) or `proportional` (Alg. 1).
+    pub policy: Option<AllocationPolicy>,
+    /// `duration`: how long a grant is valid, from [`RuleLeases::MIN_DURATION`] to
+    /// [`RuleLeases::MAX_DURATION`] (`500ms`, `10s`, `1m`, ...).
+    pub duration: Option<Duration>,
+}
+
+impl RuleLeases {
+    /// The shortest lease a rule may set: shorter, clients would spend their time refreshing.
+    pub const MIN_DURATION: Duration = Duration::from_millis(1);
+    /// The longest lease a rule may set: a grant cannot be recalled, so after a share
+    /// decreases the excess drains only as old grants expire (within one lease duration).
+    pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+
+    /// Parses a policy name: `max-min` (also `max_min`, `maxmin`) or `proportional`,
+    /// ignoring case.
+    #[must_use]
+    pub fn parse_policy(text: &str) -> Option<AllocationPolicy> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "max-min" | "max_min" | "maxmin" => Some(AllocationPolicy::MaxMin),
+            "proportional" => Some(AllocationPolicy::Proportional),
+            _ => None,
+        }
+    }
+
+    /// A policy's name as written in a configuration file (and in `POST /v1/lease`'s answer).
+    #[must_use]
+    pub fn policy_name(policy: AllocationPolicy) -> &'static str {
+        match policy {
+            AllocationPolicy::MaxMin => "max-min",
+            AllocationPolicy::Proportional => "proportional",
+        }
+    }
+}
+
 /// A limit as the Envoy RLS v3 response reports it (`current_limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimit {
@@ -187,6 +236,8 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Unlimited or limited.
     pub policy: Policy,
+    /// Sluice's `leases` (client leases on this rule; none set on an unlimited rule).
+    pub leases: RuleLeases,
     /// Where the rule's `rate_limit` is written.
     pub location: Location,
 }
@@ -310,6 +361,15 @@ pub enum ConfigErrorKind {
     /// A rule replacing itself.
     #[error("a rule must not replace itself ({0:?})")]
     ReplacesItself(String),
+    /// `leases.policy` is not a known policy.
+    #[error("unknown lease policy {0:?} (expected max-min or proportional)")]
+    UnknownLeasePolicy(String),
+    /// `leases.duration` is not a duration, or out of range.
+    #[error("`leases.duration` must be a duration from 1ms to 1d (e.g. 500ms, 10s, 1m), got {0:?}")]
+    BadLeaseDuration(String),
+    /// `leases` on a rule whose coordination cannot be leased.
+    #[error("`leases` has no effect on coordination: {0} rules (leases are refused for them)")]
+    LeasesUnsupported(&'static str),
     /// A rule replacing a name no rule of the domain has.
     #[error("`replaces` names {0:?}, but no rule of this domain has that name")]
     UnknownReplaces(String),
@@ -623,7 +683,9 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "algorithm",
     "burst",
     "coordination",
+    "leases",
 ];
+const LEASES_FIELDS: &[&str] = &["policy", "duration"];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
 type Yaml<'i> = MarkedYaml<'i>;
@@ -917,6 +979,7 @@ impl FileParser<'_> {
         let mut algorithm = None;
         let mut burst = None;
         let mut coordination = None;
+        let mut leases_node = None;
         for (field, v) in self.fields(node, "rate_limit", RATE_LIMIT_FIELDS)? {
             match field {
                 "unit" => unit = self.string(v, field)?.map(|u| (u, v)),
@@ -937,6 +1000,7 @@ impl FileParser<'_> {
                 }
                 "algorithm" => algorithm = Some(v),
                 "burst" => burst = Some(v),
+                "leases" => leases_node = Some(v),
                 _ => coordination = Some(v),
             }
         }
@@ -945,6 +1009,10 @@ impl FileParser<'_> {
         {
             return Err(self.err(node, ConfigErrorKind::ReplacesItself(n.clone())));
         }
+        let leases = match leases_node {
+            Some(v) => self.leases(v)?,
+            None => RuleLeases::default(),
+        };
         let policy = if unlimited {
             if let Some((_, v)) = unit {
                 return Err(self.err(v, ConfigErrorKind::UnitWithUnlimited));
@@ -953,6 +1021,7 @@ impl FileParser<'_> {
                 ("algorithm", algorithm),
                 ("burst", burst),
                 ("coordination", coordination),
+                ("leases", leases_node),
             ] {
                 if let Some(v) = v {
                     return Err(self.err(v, ConfigErrorKind::FieldWithUnlimited(field)));
@@ -1016,6 +1085,16 @@ impl FileParser<'_> {
             {
                 return Err(self.err(v, kind));
             }
+            // Leases of a token-server rule are refused at request time; say so here, at
+            // the place in the file, rather than let settings that never apply look valid.
+            if coordination == Coordination::TokenServer
+                && let Some(v) = leases_node
+            {
+                return Err(self.err(
+                    v,
+                    ConfigErrorKind::LeasesUnsupported(Coordination::TokenServer.name()),
+                ));
+            }
             Policy::Limited(Limited {
                 rate: RateLimit {
                     requests_per_unit,
@@ -1034,8 +1113,29 @@ impl FileParser<'_> {
             shadow_mode,
             detailed_metric,
             policy,
+            leases,
             location: self.location(node),
         })
+    }
+
+    /// A rule's `leases` mapping: `policy` and `duration`, both optional.
+    fn leases(&self, node: &Yaml<'_>) -> Result<RuleLeases, ConfigError> {
+        let mut out = RuleLeases::default();
+        for (field, v) in self.fields(node, "leases", LEASES_FIELDS)? {
+            let text = self.string(v, field)?.unwrap_or_default();
+            if field == "policy" {
+                let policy = RuleLeases::parse_policy(&text)
+                    .ok_or_else(|| self.err(v, ConfigErrorKind::UnknownLeasePolicy(text)))?;
+                out.policy = Some(policy);
+            } else {
+                let duration = sluice_limits::limit::parse_duration(text.trim())
+                    .map(Duration::from_nanos)
+                    .filter(|d| (RuleLeases::MIN_DURATION..=RuleLeases::MAX_DURATION).contains(d))
+                    .ok_or_else(|| self.err(v, ConfigErrorKind::BadLeaseDuration(text)))?;
+                out.duration = Some(duration);
+            }
+        }
+        Ok(out)
     }
 }
 

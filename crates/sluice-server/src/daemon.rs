@@ -50,6 +50,9 @@ pub struct Extras {
     /// Token servers for `coordination: token-server` rules (`None`: such rules decide
     /// locally with the whole limit).
     pub token: Option<TokenSpec>,
+    /// How `POST /v1/lease` hands out capacity to clients (seed 000 §7): the policy and
+    /// duration of every rule that does not set its own `leases`, and the table bounds.
+    pub leases: crate::lease::LeaseConfig,
 }
 
 /// Why a node could not start.
@@ -75,6 +78,9 @@ pub enum DaemonError {
     /// The Redis settings are invalid.
     #[error("redis: {0}")]
     Redis(#[from] crate::central::CentralError),
+    /// The client lease settings are invalid.
+    #[error("client leases: {0}")]
+    Leases(#[from] crate::lease::LeaseConfigError),
 }
 
 /// A running node.
@@ -120,6 +126,7 @@ impl Daemon {
     /// [`DaemonError`]: nothing is left running then.
     pub async fn start_with(spec: DaemonSpec, extras: Extras) -> Result<Self, DaemonError> {
         let config = spec.source.load()?;
+        let leases = Arc::new(crate::lease::Leases::new(extras.leases)?);
         let engine = Arc::new(Engine::new(config));
         if let Some((url, mode, timeout)) = &spec.redis {
             // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.
@@ -175,7 +182,7 @@ impl Daemon {
         };
         let info: Option<Arc<dyn ClusterInfo>> = cluster.clone().map(|c| c as Arc<dyn ClusterInfo>);
         // One metrics registry for both APIs, so `/metrics` shows gRPC decisions too.
-        let state = crate::http::HttpState::new(engine.clone(), info);
+        let state = crate::http::HttpState::new(engine.clone(), info).with_leases(leases);
         let metrics = state.metrics();
         let mut tasks = Vec::new();
         {

@@ -739,10 +739,7 @@ pub fn lease_json(grant: &LeaseGrant) -> String {
         refresh_in_ms: grant.refresh_in / 1_000_000,
         limit: grant.limit_per_second,
         share: grant.share_per_second,
-        policy: match grant.policy {
-            sluice_coord::allocation::AllocationPolicy::MaxMin => "max-min",
-            sluice_coord::allocation::AllocationPolicy::Proportional => "proportional",
-        },
+        policy: crate::config::RuleLeases::policy_name(grant.policy),
         clients: grant.clients,
     };
     // Numbers and strings only: serialising cannot fail.

@@ -8,6 +8,13 @@
 //! fair water-filling, the default) or Alg. 1 (proportional), through
 //! [`sluice_coord::allocation::ClientLeases`], which also keeps the lease bookkeeping.
 //!
+//! **Terms per rule**: a rule's `leases: { policy, duration }` ([`crate::config::RuleLeases`])
+//! chooses its division rule and lease duration; what it leaves out comes from the node's
+//! [`LeaseConfig`]. A rule's own duration is refreshed after the same fraction of it as the
+//! node's lease (3 s of 10 s by default). When a reload changes a resource's terms, its table
+//! is *retired*, not dropped: the grants it handed out stay valid until they expire (they
+//! cannot be recalled), and the new table divides only what they leave of the capacity.
+//!
 //! **Capacity of a resource** (re-read at every request, so a reload or a moved share applies
 //! at once): for a `coordination: cluster` rule with a cluster attached, this node's current
 //! share of the rule's limit ([`crate::shares`]); for a `coordination: redis` rule with Redis
@@ -20,8 +27,9 @@
 //! instant the rates of this node's unexpired grants on a resource add up to at most the
 //! largest capacity the resource had during the last lease duration — so at most the current
 //! capacity while it does not decrease, and again within one lease duration after it
-//! decreases. For cluster rules the capacities of all nodes add up to at most the global
-//! limit (seed 003 §IV conservation), so the leases of the whole cluster do too. A client
+//! decreases (after a change of terms, the longer of the old and new durations). For cluster
+//! rules the capacities of all nodes add up to at most the global limit (seed 003 §IV
+//! conservation), so the leases of the whole cluster do too. A client
 //! whose lease expires drops out and its capacity goes to the others at their next refresh.
 //!
 //! Rates are held in integer nano-requests per second ([`RATE_SCALE`] units per request per
@@ -43,12 +51,17 @@ use parking_lot::Mutex;
 use sluice_coord::allocation::{AllocationPolicy, ClientId, ClientLeases, Units};
 use sluice_limits::{Clock, Nanos};
 
-use crate::config::{Coordination, Limited, Policy};
+use crate::config::{Coordination, Limited, Policy, RuleLeases};
 use crate::engine::{Descriptor, Engine};
 use crate::shares::{SCALE, cluster_key};
 
 /// Units of rate per request per second: rates are integer nano-requests per second.
 pub const RATE_SCALE: u64 = 1_000_000_000;
+
+/// Tables a resource may have retired at once (after reloads that changed its terms); beyond
+/// it, the resource keeps its current terms until one has drained (bounds memory and work
+/// under a flurry of reloads).
+pub const MAX_RETIRED: usize = 4;
 
 /// Longest accepted `client_id`, in bytes.
 pub const MAX_CLIENT_ID: usize = 128;
@@ -95,6 +108,40 @@ impl LeaseConfig {
             ..Self::default()
         }
     }
+
+    /// The terms of a rule whose `leases` are `rule`: each field it leaves out from this
+    /// configuration; a duration of its own is refreshed after the same fraction of it as
+    /// [`LeaseConfig::lease`] is ([`LeaseConfig::refresh_for`]).
+    #[must_use]
+    pub fn terms(&self, rule: &RuleLeases) -> LeaseTerms {
+        let lease = sluice_limits::clock::nanos(rule.duration.unwrap_or(self.lease)).max(1);
+        LeaseTerms {
+            policy: rule.policy.unwrap_or(self.policy),
+            lease,
+            refresh: self.refresh_for(lease),
+        }
+    }
+
+    /// When to refresh a lease of `lease` ns: `lease · refresh / self.lease`, rounded down,
+    /// so shorter than `lease` whenever [`LeaseConfig::refresh`] is shorter than
+    /// [`LeaseConfig::lease`] (which [`Leases::new`] checks).
+    #[must_use]
+    pub fn refresh_for(&self, lease: Nanos) -> Nanos {
+        let own = u128::from(sluice_limits::clock::nanos(self.lease)).max(1);
+        let refresh = u128::from(sluice_limits::clock::nanos(self.refresh));
+        Nanos::try_from(u128::from(lease) * refresh / own).unwrap_or(lease.saturating_sub(1))
+    }
+}
+
+/// What a resource's leases are handed out under ([`LeaseConfig::terms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    /// The division rule (seed 000 §7 Alg. 1 or 2).
+    pub policy: AllocationPolicy,
+    /// How long a grant is valid, ns (≥ 1).
+    pub lease: Nanos,
+    /// When a client should ask again, ns from the grant.
+    pub refresh: Nanos,
 }
 
 /// A lease configuration that cannot work.
@@ -235,6 +282,19 @@ impl Capacity {
     /// # Errors
     /// [`LeaseError`] for a malformed request or when no rule governs the descriptor.
     pub fn of(engine: &Engine, domain: &str, descriptor: &Descriptor) -> Result<Self, LeaseError> {
+        Self::of_rule(engine, domain, descriptor).map(|(capacity, _)| capacity)
+    }
+
+    /// As [`Capacity::of`], with the rule's own `leases` settings (read from the same
+    /// configuration, so a reload cannot pair one rule's capacity with another's terms).
+    ///
+    /// # Errors
+    /// As [`Capacity::of`].
+    pub fn of_rule(
+        engine: &Engine,
+        domain: &str,
+        descriptor: &Descriptor,
+    ) -> Result<(Self, RuleLeases), LeaseError> {
         if domain.is_empty() {
             return Err(LeaseError::EmptyDomain);
         }
@@ -257,20 +317,22 @@ impl Capacity {
         let Some(rule) = d.rule_for(entries()) else {
             return Err(LeaseError::NoRule(domain.to_owned()));
         };
+        let terms = rule.leases;
         let l: &Limited = match &rule.policy {
-            Policy::Unlimited => return Ok(Self::Unlimited),
+            Policy::Unlimited => return Ok((Self::Unlimited, terms)),
             Policy::Limited(l) => l,
         };
         let limit = rate_units(u64::from(l.rate.requests_per_unit), l.rate.unit.nanos());
         let Some(rule_limit) = l.limit else {
             // `requests_per_unit: 0`: a block rule.
-            return Ok(Self::Limited {
+            let blocked = Self::Limited {
                 limit: 0,
                 share: 0,
                 cluster: None,
-            });
+            };
+            return Ok((blocked, terms));
         };
-        Ok(match (l.coordination, engine.shares()) {
+        let capacity = match (l.coordination, engine.shares()) {
             (Coordination::Cluster, Some(shares)) => {
                 let key = cluster_key(domain, entries());
                 let units = u128::from(shares.units(key).min(SCALE));
@@ -302,7 +364,8 @@ impl Capacity {
                 return Err(LeaseError::Unsupported(Coordination::TokenServer.name()));
             }
             (Coordination::Local | Coordination::Cluster, _) => Self::fixed(limit),
-        })
+        };
+        Ok((capacity, terms))
     }
 }
 
@@ -351,7 +414,11 @@ impl ResourceKey {
 /// The leases of one resource.
 #[derive(Debug)]
 struct Resource {
+    /// Under the resource's current terms.
     table: ClientLeases,
+    /// Tables of earlier terms (at most [`MAX_RETIRED`]) whose grants have not all expired:
+    /// no new grant comes from them, and `table` divides what they leave of the capacity.
+    retired: Vec<ClientLeases>,
     /// Client names to the table's ids (never reused within a resource) and what each
     /// wants (for the demand reported to the cluster).
     ids: HashMap<Box<str>, (ClientId, Units)>,
@@ -364,12 +431,42 @@ struct Resource {
 }
 
 impl Resource {
-    /// Forgets the names of clients the table dropped (all their grants expired).
-    fn forget_expired(&mut self) {
-        if self.ids.len() != self.table.len() {
-            let table = &self.table;
-            self.ids.retain(|_, (id, _)| table.target(*id).is_some());
+    /// Forgets the names of clients the table dropped (all their grants expired). While
+    /// tables are retired this is left to the sweep (`all`), as it looks in every table.
+    fn forget_expired(&mut self, all: bool) {
+        if self.ids.len() == self.table.len() || !(all || self.retired.is_empty()) {
+            return;
         }
+        let (table, retired) = (&self.table, &self.retired);
+        self.ids.retain(|_, (id, _)| {
+            table.target(*id).is_some() || retired.iter().any(|t| t.target(*id).is_some())
+        });
+    }
+
+    /// Drops the retired tables' expired grants, and the tables left with none.
+    fn expire_retired(&mut self, now: Nanos) {
+        for t in &mut self.retired {
+            t.expire(now);
+        }
+        self.retired.retain(|t| !t.is_empty());
+    }
+
+    /// What the retired tables' clients may still be using.
+    fn retired_outstanding(&self) -> Units {
+        self.retired
+            .iter()
+            .fold(0, |sum: Units, t| sum.saturating_add(t.outstanding()))
+    }
+
+    /// Every grant that may be in use: the table's and the retired tables'.
+    fn outstanding(&self) -> Units {
+        self.table
+            .outstanding()
+            .saturating_add(self.retired_outstanding())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.table.is_empty() && self.retired.is_empty()
     }
 
     /// Demand since the last report, in whole requests, for the cluster's demand estimate:
@@ -448,8 +545,8 @@ impl Leases {
         request: &LeaseRequest,
     ) -> Result<LeaseGrant, LeaseError> {
         check_request(request)?;
-        let capacity = Capacity::of(engine, &request.domain, &request.descriptor)?;
-        let grant = self.acquire_with(now, capacity, request)?;
+        let (capacity, terms) = Capacity::of_rule(engine, &request.domain, &request.descriptor)?;
+        let grant = self.acquire_under(now, capacity, terms, request)?;
         if let (
             Capacity::Limited {
                 cluster: Some(c), ..
@@ -469,10 +566,9 @@ impl Leases {
         Ok(grant)
     }
 
-    /// The pure core of [`Leases::acquire`]: grants `request` at `now` when its resource
-    /// has `capacity`. The client's demand is recorded, the capacity re-divided among the
-    /// live clients with the configured policy, and the client granted
-    /// `min(its part, capacity − what the others may still be using)` until `now + lease`.
+    /// The pure core of [`Leases::acquire`] under the node's terms: grants `request` at
+    /// `now` when its resource has `capacity`. As [`Leases::acquire_under`] with a rule
+    /// that sets no `leases`.
     ///
     /// # Errors
     /// [`LeaseError`] for a malformed request or a full table; nothing changes then.
@@ -482,21 +578,43 @@ impl Leases {
         capacity: Capacity,
         request: &LeaseRequest,
     ) -> Result<LeaseGrant, LeaseError> {
+        self.acquire_under(now, capacity, RuleLeases::default(), request)
+    }
+
+    /// Grants `request` at `now` when its resource has `capacity` and its rule's `leases`
+    /// are `rule` ([`LeaseConfig::terms`]). The client's demand is recorded, the capacity
+    /// re-divided among the live clients with the terms' policy, and the client granted
+    /// `min(its part, capacity − what the others may still be using)` until `now + lease`.
+    ///
+    /// When the terms differ from those the resource's table was made with (a reload
+    /// changed the rule), the table is retired and a new one started; while the retired
+    /// grants last, the new table divides the capacity less what they may still be using
+    /// (the retired grants only expire, so that part only grows: the seed 000 §7 bound holds
+    /// for old and new grants together).
+    ///
+    /// # Errors
+    /// [`LeaseError`] for a malformed request or a full table; nothing changes then.
+    pub fn acquire_under(
+        &self,
+        now: Nanos,
+        capacity: Capacity,
+        rule: RuleLeases,
+        request: &LeaseRequest,
+    ) -> Result<LeaseGrant, LeaseError> {
         check_request(request)?;
-        let lease = sluice_limits::clock::nanos(self.config.lease);
-        let refresh_in = sluice_limits::clock::nanos(self.config.refresh);
+        let terms = self.config.terms(&rule);
         let wants = units_of(request.wants);
         let (limit, share, cluster) = match capacity {
             Capacity::Unlimited => {
-                let expires_at = now.saturating_add(lease);
+                let expires_at = now.saturating_add(terms.lease);
                 return Ok(LeaseGrant {
                     rate_units: wants,
                     expires_at,
-                    expires_in: lease,
-                    refresh_in,
+                    expires_in: terms.lease,
+                    refresh_in: terms.refresh,
                     limit_per_second: None,
                     share_per_second: None,
-                    policy: self.config.policy,
+                    policy: terms.policy,
                     clients: 1,
                 });
             }
@@ -513,13 +631,12 @@ impl Leases {
             if inner.resources.len() >= self.config.max_resources {
                 return Err(LeaseError::TooManyResources(self.config.max_resources));
             }
-            // `new` refused a zero lease, so this cannot fail; if it did, refusing is safe.
-            let table = ClientLeases::new(self.config.policy, lease.max(1), share, now)
-                .map_err(|_| LeaseError::TooManyResources(self.config.max_resources))?;
+            let table = self.table(terms, share, now)?;
             inner.resources.insert(
                 key.clone(),
                 Resource {
                     table,
+                    retired: Vec::new(),
                     ids: HashMap::default(),
                     next_id: 0,
                     cluster,
@@ -532,9 +649,19 @@ impl Leases {
             return Err(LeaseError::TooManyResources(self.config.max_resources));
         };
         r.cluster = cluster;
+        r.expire_retired(now);
+        let changed = r.table.policy() != terms.policy || r.table.lease_duration() != terms.lease;
+        if changed && r.retired.len() < MAX_RETIRED {
+            let fresh = self.table(terms, 0, now)?;
+            let old = std::mem::replace(&mut r.table, fresh);
+            r.retired.push(old);
+            r.forget_expired(true);
+        }
         // Expire first: a departed client's name must not count against the table's size.
-        r.table.set_share(now, share);
-        r.forget_expired();
+        // The retired grants are held against the capacity until they expire.
+        r.table
+            .set_share(now, share.saturating_sub(r.retired_outstanding()));
+        r.forget_expired(false);
         let id = match r.ids.get_mut(request.client_id.as_str()) {
             Some((id, w)) => {
                 *w = wants;
@@ -552,6 +679,9 @@ impl Leases {
         };
         let grant = r.table.request(now, id, wants);
         let clients = r.table.len();
+        // The table's terms: the requested ones unless too many tables are retired already.
+        let policy = r.table.policy();
+        let refresh_in = self.config.refresh_for(r.table.lease_duration());
         Ok(LeaseGrant {
             rate_units: grant.rate,
             expires_at: grant.expires_at,
@@ -559,9 +689,21 @@ impl Leases {
             refresh_in,
             limit_per_second: Some(per_second(limit)),
             share_per_second: Some(per_second(share)),
-            policy: self.config.policy,
+            policy,
             clients,
         })
+    }
+
+    /// A new table under `terms` (a lease of at least 1 ns: it cannot fail; if it did,
+    /// refusing the request is safe).
+    fn table(
+        &self,
+        terms: LeaseTerms,
+        share: Units,
+        now: Nanos,
+    ) -> Result<ClientLeases, LeaseError> {
+        ClientLeases::new(terms.policy, terms.lease.max(1), share, now)
+            .map_err(|_| LeaseError::TooManyResources(self.config.max_resources))
     }
 
     /// The client says it no longer uses its lease on the resource: its capacity goes to
@@ -576,8 +718,12 @@ impl Leases {
             return false;
         };
         r.table.release(now, id);
-        r.forget_expired();
-        if r.table.is_empty() {
+        for t in &mut r.retired {
+            t.release(now, id);
+        }
+        r.expire_retired(now);
+        r.forget_expired(false);
+        if r.is_empty() {
             inner.resources.remove(&key);
         }
         true
@@ -607,7 +753,7 @@ impl Leases {
             .lock()
             .resources
             .get(&ResourceKey::new(domain, descriptor))
-            .map_or(0, |r| r.table.outstanding())
+            .map_or(0, Resource::outstanding)
     }
 
     /// Clients holding a lease on the resource, as of the last call.
@@ -640,8 +786,9 @@ impl Leases {
         inner.last_sweep = inner.last_sweep.max(now);
         inner.resources.retain(|_, r| {
             r.table.expire(now);
-            r.forget_expired();
-            !r.table.is_empty()
+            r.expire_retired(now);
+            r.forget_expired(true);
+            !r.is_empty()
         });
     }
 }
@@ -787,6 +934,114 @@ descriptors:
             assert!(leases.acquire_with(0, cap, &bad).is_err());
         }
         assert_eq!(leases.clients("d", &Descriptor::new([("k", "v")])), 1);
+    }
+
+    #[test]
+    fn terms_come_from_the_rule_else_the_node() {
+        let node = LeaseConfig::default();
+        assert_eq!(
+            node.terms(&RuleLeases::default()),
+            LeaseTerms {
+                policy: AllocationPolicy::MaxMin,
+                lease: 10 * S,
+                refresh: 3 * S
+            }
+        );
+        let rule = RuleLeases {
+            policy: Some(AllocationPolicy::Proportional),
+            duration: Some(Duration::from_secs(2)),
+        };
+        assert_eq!(
+            node.terms(&rule),
+            LeaseTerms {
+                policy: AllocationPolicy::Proportional,
+                lease: 2 * S,
+                refresh: 600_000_000
+            }
+        );
+    }
+
+    /// A reload changes a resource's policy while grants are out: they stay valid (no
+    /// recall), the new table divides only what they leave, and the new policy's parts are
+    /// reached once they have expired.
+    #[test]
+    fn changed_terms_retire_the_table_without_recalling_grants() {
+        let leases = Leases::new(LeaseConfig::with_lease(Duration::from_secs(1))).unwrap();
+        let cap = Capacity::fixed(units_of(60.0));
+        let prop = RuleLeases {
+            policy: Some(AllocationPolicy::Proportional),
+            duration: Some(Duration::from_secs(2)),
+        };
+        let max_min = RuleLeases::default();
+        let d = Descriptor::new([("k", "v")]);
+        // Max-min: 10 and 50 of 60.
+        let a = leases
+            .acquire_under(0, cap, max_min, &ask("a", 10.0))
+            .unwrap();
+        let b = leases
+            .acquire_under(0, cap, max_min, &ask("b", 50.0))
+            .unwrap();
+        assert_eq!(
+            (a.rate_units, b.rate_units),
+            (units_of(10.0), units_of(50.0))
+        );
+        // Proportional from now on: `c` arrives wanting 60; a and b may use 60 until 1 s.
+        let c = leases
+            .acquire_under(S / 2, cap, prop, &ask("c", 60.0))
+            .unwrap();
+        assert_eq!(c.policy, AllocationPolicy::Proportional);
+        assert_eq!(c.expires_in, 2 * S);
+        assert_eq!(c.rate_units, 0, "nothing is left while the old grants last");
+        assert_eq!(leases.outstanding("d", &d), units_of(60.0));
+        let a = leases
+            .acquire_under(S / 2, cap, prop, &ask("a", 10.0))
+            .unwrap();
+        let b = leases
+            .acquire_under(S / 2, cap, prop, &ask("b", 50.0))
+            .unwrap();
+        assert!(leases.outstanding("d", &d) <= units_of(60.0));
+        assert_eq!(a.rate_units + b.rate_units, 0);
+        // The old grants have expired: Alg. 1 on 10/50/60 of 60 is 5/25/30.
+        let t = S + 1;
+        let got: Vec<Units> = [("a", 10.0), ("b", 50.0), ("c", 60.0)]
+            .iter()
+            .map(|(n, w)| {
+                leases
+                    .acquire_under(t, cap, prop, &ask(n, *w))
+                    .unwrap()
+                    .rate_units
+            })
+            .collect();
+        assert_eq!(got, [5, 25, 30].map(|r| units_of(f64::from(r))));
+        assert_eq!(leases.clients("d", &d), 3);
+        // A released client leaves the retired tables too.
+        assert!(leases.release(t, "d", &d, "a"));
+        assert!(!leases.release(t, "d", &d, "a"));
+    }
+
+    #[test]
+    fn retired_tables_are_bounded() {
+        let leases = Leases::new(LeaseConfig::with_lease(Duration::from_secs(1))).unwrap();
+        let cap = Capacity::fixed(units_of(100.0));
+        let terms = |ms: u64| RuleLeases {
+            policy: None,
+            duration: Some(Duration::from_millis(ms)),
+        };
+        for ms in 1..=u64::try_from(MAX_RETIRED).unwrap() + 1 {
+            let g = leases
+                .acquire_under(0, cap, terms(ms * 1_000), &ask("a", 1.0))
+                .unwrap();
+            assert_eq!(g.expires_in, ms * S);
+        }
+        // One change too many: the current terms stay until a retired table drains.
+        let g = leases
+            .acquire_under(0, cap, terms(100), &ask("a", 1.0))
+            .unwrap();
+        assert_eq!(g.expires_in, 5 * S);
+        let g = leases
+            .acquire_under(S, cap, terms(100), &ask("a", 1.0))
+            .unwrap();
+        assert_eq!(g.expires_in, S / 10, "the 1 s table drained at 1 s");
     }
 
     #[test]

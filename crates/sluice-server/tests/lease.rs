@@ -1,6 +1,8 @@
 //! Capacity leases (seed 000 §7): the pure table under random asks, releases, expiries and
-//! capacity changes, and `POST`/`DELETE /v1/lease` end to end on 127.0.0.1 with a
-//! `ManualClock`, so expiries happen exactly when the test says.
+//! capacity changes (and changes of a rule's lease terms), `POST`/`DELETE /v1/lease` end to
+//! end on 127.0.0.1 with a `ManualClock`, so expiries happen exactly when the test says, and
+//! the per-rule `leases: { policy, duration }` settings: parsed, refused with their place,
+//! and applied per rule (Alg. 1 on one rule, Alg. 2 on another, on one node).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -14,9 +16,11 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use sluice_coord::allocation::{AllocationPolicy, allocate_max_min, allocate_proportional};
 use sluice_limits::ManualClock;
+use sluice_server::config::RuleLeases;
 use sluice_server::lease::{Capacity, LeaseConfig, LeaseRequest, Leases, units_of};
-use sluice_server::{Config, Descriptor, Engine};
+use sluice_server::{Config, ConfigErrorKind, ConfigSource, Descriptor, Engine};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
@@ -132,6 +136,71 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A reload may change a rule's policy and lease duration while its clients hold grants
+    /// (which cannot be recalled): with a constant capacity, what clients may still be
+    /// using never exceeds it, old terms' grants and new ones together; every grant lasts
+    /// one of the durations in force.
+    #[test]
+    fn changing_terms_never_exceed_capacity(
+        ops in proptest::collection::vec(
+            prop_oneof![
+                6 => (0u8..6, 0u32..2_000).prop_map(|(client, wants)| Op::Ask { client, wants }),
+                1 => (0u8..6).prop_map(|client| Op::Release { client }),
+                3 => (0u32..1_500).prop_map(|ms| Op::Wait { ms }),
+                // A change of terms: the capacity field picks the policy and duration.
+                2 => (0u32..8).prop_map(|per_second| Op::Capacity { per_second }),
+            ],
+            1..120,
+        ),
+        per_second in 0u32..2_000,
+    ) {
+        let leases = Leases::new(LeaseConfig::with_lease(Duration::from_secs(1))).unwrap();
+        let capacity = units_of(f64::from(per_second));
+        let durations = [250_u64, 1_000, 2_000, 700].map(|ms| ms * 1_000_000);
+        let mut terms = RuleLeases::default();
+        let mut now = T0;
+        let mut held: BTreeMap<u8, Vec<(u64, u64)>> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Ask { client, wants } => {
+                    let g = leases
+                        .acquire_under(now, Capacity::fixed(capacity), terms, &ask(client, f64::from(wants)))
+                        .unwrap();
+                    prop_assert!(g.rate_units <= units_of(f64::from(wants)));
+                    prop_assert!(durations.contains(&g.expires_in) || g.expires_in == S, "{g:?}");
+                    held.entry(client).or_default().push((g.rate_units, g.expires_at));
+                }
+                Op::Release { client } => {
+                    leases.release(now, "api", &Descriptor::new([("tenant", "acme")]), &format!("c{client}"));
+                    held.remove(&client);
+                }
+                Op::Wait { ms } => now += u64::from(ms) * 1_000_000,
+                Op::Capacity { per_second: pick } => {
+                    terms = RuleLeases {
+                        policy: Some(if pick % 2 == 0 {
+                            AllocationPolicy::MaxMin
+                        } else {
+                            AllocationPolicy::Proportional
+                        }),
+                        duration: Some(Duration::from_nanos(durations[(pick / 2) as usize])),
+                    };
+                }
+            }
+            let in_use: u128 = held
+                .values()
+                .map(|gs| gs.iter().filter(|g| g.1 > now).map(|g| g.0).max().unwrap_or(0))
+                .map(u128::from)
+                .sum();
+            prop_assert!(in_use <= u128::from(capacity), "in use {in_use} > {capacity} at {now}");
+            let outstanding = leases.outstanding("api", &Descriptor::new([("tenant", "acme")]));
+            prop_assert!(u128::from(outstanding) >= in_use, "the table forgot a grant in use");
+        }
+    }
+}
+
 struct Server {
     addr: SocketAddr,
     clock: Arc<ManualClock>,
@@ -142,10 +211,13 @@ struct Server {
 
 impl Server {
     async fn start() -> Self {
-        let engine = Arc::new(Engine::new(Config::from_yaml("t.yaml", RULES).unwrap()));
+        Self::start_with(RULES, LeaseConfig::with_lease(Duration::from_secs(1))).await
+    }
+
+    async fn start_with(rules: &str, config: LeaseConfig) -> Self {
+        let engine = Arc::new(Engine::new(Config::from_yaml("t.yaml", rules).unwrap()));
         let clock = Arc::new(ManualClock::new(T0));
-        let leases =
-            Arc::new(Leases::new(LeaseConfig::with_lease(Duration::from_secs(1))).unwrap());
+        let leases = Arc::new(Leases::new(config).unwrap());
         let state = sluice_server::http::HttpState::new(engine, None)
             .with_clock(clock.clone())
             .with_leases(Arc::clone(&leases));
@@ -183,10 +255,14 @@ impl Server {
     }
 
     async fn lease(&self, client: &str, wants: f64) -> Value {
+        self.lease_on("tenant", client, wants).await
+    }
+
+    async fn lease_on(&self, key: &str, client: &str, wants: f64) -> Value {
         let (status, body) = self
             .call(
                 Method::POST,
-                &json!({"domain": "api", "descriptor": {"entries": [{"key": "tenant", "value": "acme"}]},
+                &json!({"domain": "api", "descriptor": {"entries": [{"key": key, "value": "acme"}]},
                         "client_id": client, "wants": wants}),
             )
             .await;
@@ -313,6 +389,254 @@ async fn http_lease_answers_for_every_kind_of_rule_and_refuses_bad_requests() {
             let (status, reason) = s.call(Method::POST, &request).await;
             assert_eq!(status, expected, "{request} → {reason}");
             assert!(!reason.trim().is_empty());
+        }
+        s.stop().await;
+    })
+    .await
+    .unwrap();
+}
+
+// ---- per-rule lease terms --------------------------------------------------------------
+
+/// Three rules of 60/s: one proportional (Alg. 1) with the node's duration, one max-min
+/// (Alg. 2) with its own 2 s, one with the node's terms (proportional, 1 s, below).
+const TERMS: &str = "
+domain: api
+descriptors:
+  - key: prop
+    rate_limit: { unit: second, requests_per_unit: 60, leases: { policy: proportional } }
+  - key: fair
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3600
+      algorithm: gcra
+      leases:
+        policy: max-min
+        duration: 2s
+  - key: plain
+    rate_limit: { unit: second, requests_per_unit: 60 }
+";
+
+/// The node's own terms: proportional, 1 s leases refreshed after 1/3 s.
+fn node_terms() -> LeaseConfig {
+    LeaseConfig {
+        policy: AllocationPolicy::Proportional,
+        ..LeaseConfig::with_lease(Duration::from_secs(1))
+    }
+}
+
+#[test]
+fn rule_lease_terms_are_parsed() {
+    let config = Config::from_yaml("t.yaml", TERMS).unwrap();
+    let d = config.domain("api").unwrap();
+    let terms = |k: &str| d.rule_for([(k, "x")]).unwrap().leases;
+    assert_eq!(
+        terms("prop"),
+        RuleLeases {
+            policy: Some(AllocationPolicy::Proportional),
+            duration: None
+        }
+    );
+    assert_eq!(
+        terms("fair"),
+        RuleLeases {
+            policy: Some(AllocationPolicy::MaxMin),
+            duration: Some(Duration::from_secs(2))
+        }
+    );
+    assert_eq!(terms("plain"), RuleLeases::default());
+    // Every spelling of the policies, and durations in any unit.
+    for (text, policy, duration) in [
+        (
+            "{ policy: MAX-MIN, duration: 500ms }",
+            AllocationPolicy::MaxMin,
+            500,
+        ),
+        (
+            "{ policy: max_min, duration: 1m }",
+            AllocationPolicy::MaxMin,
+            60_000,
+        ),
+        (
+            "{ duration: 1ms, policy: Proportional }",
+            AllocationPolicy::Proportional,
+            1,
+        ),
+    ] {
+        let yaml = format!(
+            "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: second, requests_per_unit: 1, leases: {text} }}\n"
+        );
+        let config = Config::from_yaml("t.yaml", &yaml).unwrap();
+        let rule = config
+            .domain("x")
+            .unwrap()
+            .rule_for([("k", "v")])
+            .unwrap()
+            .leases;
+        assert_eq!(rule.policy, Some(policy), "{text}");
+        assert_eq!(
+            rule.duration,
+            Some(Duration::from_millis(duration)),
+            "{text}"
+        );
+    }
+    // envoyproxy/ratelimit's own files know nothing of it: no terms.
+    let config = Config::from_yaml("t.yaml", RULES).unwrap();
+    for rule in config.domain("api").unwrap().rules() {
+        assert_eq!(rule.leases, RuleLeases::default());
+    }
+}
+
+#[test]
+fn bad_rule_lease_terms_are_refused_with_their_place() {
+    /// A rule's line, where the error must point (line, column), and the reason expected.
+    type Case = (&'static str, (usize, usize), fn(&ConfigErrorKind) -> bool);
+    let cases: [Case; 8] = [
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: { policy: fair } }",
+            (4, 73),
+            |k| matches!(k, ConfigErrorKind::UnknownLeasePolicy(p) if p == "fair"),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: { duration: 0s } }",
+            (4, 75),
+            |k| matches!(k, ConfigErrorKind::BadLeaseDuration(d) if d == "0s"),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: { duration: 2d } }",
+            (4, 75),
+            |k| matches!(k, ConfigErrorKind::BadLeaseDuration(_)),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: { duration: soon } }",
+            (4, 75),
+            |k| matches!(k, ConfigErrorKind::BadLeaseDuration(_)),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: { refresh: 1s } }",
+            (4, 65),
+            |k| matches!(k, ConfigErrorKind::UnknownField { field, .. } if field == "refresh"),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, leases: max-min }",
+            (4, 63),
+            |k| matches!(k, ConfigErrorKind::WrongType { field, .. } if field == "leases"),
+        ),
+        (
+            "    rate_limit: { unlimited: true, leases: { policy: max-min } }",
+            (4, 44),
+            |k| matches!(k, ConfigErrorKind::FieldWithUnlimited("leases")),
+        ),
+        (
+            "    rate_limit: { unit: second, requests_per_unit: 1, coordination: token-server, leases: {} }",
+            (4, 91),
+            |k| matches!(k, ConfigErrorKind::LeasesUnsupported("token-server")),
+        ),
+    ];
+    for (line, (l, c), kind) in cases {
+        let yaml = format!("domain: x\ndescriptors:\n  - key: k\n{line}\n");
+        let e = Config::from_yaml("bad.yaml", &yaml).unwrap_err();
+        assert!(kind(&e.kind), "{line}: {e}");
+        assert_eq!(
+            (e.line, e.column),
+            (Some(l), Some(c)),
+            "{line}: {e} (column {} is `{}`)",
+            c,
+            &line[c - 1..]
+        );
+        assert!(
+            e.to_string().starts_with(&format!("bad.yaml:{l}:{c}: ")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_reload_keeps_the_old_terms() {
+    let dir = std::env::temp_dir().join(format!("sluice-lease-terms-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.yaml");
+    std::fs::write(&file, TERMS).unwrap();
+    let source = ConfigSource::Path(file.clone());
+    let engine = Engine::new(source.load().unwrap());
+    std::fs::write(
+        &file,
+        TERMS.replace("policy: proportional", "policy: fairest"),
+    )
+    .unwrap();
+    let e = engine.reload(&source).unwrap_err();
+    assert!(
+        matches!(e.kind, ConfigErrorKind::UnknownLeasePolicy(_)),
+        "{e}"
+    );
+    assert_eq!((e.line, e.column), (Some(5), Some(74)), "{e}");
+    let leases = Leases::new(node_terms()).unwrap();
+    let g = leases
+        .acquire(&engine, T0, &ask_on("prop", "c", 1.0))
+        .unwrap();
+    assert_eq!(
+        g.policy,
+        AllocationPolicy::Proportional,
+        "the old terms stay"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn ask_on(key: &str, client: &str, wants: f64) -> LeaseRequest {
+    LeaseRequest {
+        domain: "api".into(),
+        descriptor: Descriptor::new([(key, "acme")]),
+        client_id: client.into(),
+        wants,
+    }
+}
+
+/// Seed 000 §7 on one node, per rule: three clients wanting 10, 30 and 60 of a 60/s rule
+/// get 6/18/36 under Alg. 1 (proportional) and 10/25/25 under Alg. 2 (max-min), each rule
+/// with its own lease duration. Grants cannot be recalled, so the fair parts are reached
+/// once the first round's grants (cut to what was left) have expired: three rounds, the
+/// last just after the first round's expiry.
+#[tokio::test]
+async fn each_rule_divides_with_its_own_policy_and_duration() {
+    tokio::time::timeout(BOUND, async {
+        let s = Server::start_with(TERMS, node_terms()).await;
+        let clients = [("a", 10.0), ("b", 30.0), ("c", 60.0)];
+        let wants: Vec<u64> = clients.iter().map(|(_, w)| units_of(*w)).collect();
+        let mut base = T0;
+        for (key, policy, lease_ms, refresh_ms, expected) in [
+            ("prop", "proportional", 1_000, 333, [6.0, 18.0, 36.0]),
+            ("fair", "max-min", 2_000, 666, [10.0, 25.0, 25.0]),
+            ("plain", "proportional", 1_000, 333, [6.0, 18.0, 36.0]),
+        ] {
+            let lease = lease_ms * 1_000_000;
+            let mut last = Vec::new();
+            for at in [base, base + lease / 2, base + lease + 1_000_000] {
+                s.clock.set(at);
+                last.clear();
+                for (client, w) in clients {
+                    let v = s.lease_on(key, client, w).await;
+                    assert_eq!(v["policy"], json!(policy), "{key}: {v}");
+                    assert_eq!(v["expires_in_ms"], json!(lease_ms), "{key}: {v}");
+                    assert_eq!(v["refresh_in_ms"], json!(refresh_ms), "{key}: {v}");
+                    assert_eq!(v["share"], json!(60.0), "{key}: {v}");
+                    last.push(rate(&v));
+                }
+                let descriptor = Descriptor::new([(key, "acme")]);
+                assert!(
+                    s.leases.outstanding("api", &descriptor) <= units_of(60.0),
+                    "{key}"
+                );
+            }
+            assert_eq!(last, expected, "{key}");
+            // The numbers are the algorithms' own.
+            let units = if policy == "proportional" {
+                allocate_proportional(units_of(60.0), &wants)
+            } else {
+                allocate_max_min(units_of(60.0), &wants)
+            };
+            let from_algorithm: Vec<f64> = units.iter().map(|&u| u as f64 / 1e9).collect();
+            assert_eq!(last, from_algorithm, "{key}");
+            base += 10 * S;
         }
         s.stop().await;
     })

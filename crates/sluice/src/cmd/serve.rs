@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use sluice_server::ConfigSource;
 use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
+use sluice_server::config::RuleLeases;
 use sluice_server::daemon::{Daemon, DaemonSpec, Extras};
+use sluice_server::lease::LeaseConfig;
 use sluice_server::peer::PeerKey;
 
 #[derive(Debug, clap::Args)]
@@ -79,6 +81,14 @@ pub(crate) struct Args {
     /// `exact` (one script call per decision) or `batched` (quota taken in batches).
     #[arg(long, default_value = "exact")]
     redis_mode: String,
+    /// How long a client lease (`POST /v1/lease`) is valid, for rules without their own
+    /// `leases: { duration }`; clients are told to refresh after 30 % of it.
+    #[arg(long, default_value = "10s")]
+    client_lease: String,
+    /// How a rule's capacity is divided among its lease clients, for rules without their own
+    /// `leases: { policy }`: `max-min` (seed 000 §7 Alg. 2) or `proportional` (Alg. 1).
+    #[arg(long, default_value = "max-min")]
+    client_lease_policy: String,
     /// How long a decision waits for Redis before the node decides locally with its share.
     #[arg(long, default_value = "50ms")]
     redis_timeout: String,
@@ -268,13 +278,32 @@ fn with_settings(file: &Path, rest: impl Iterator<Item = OsString>) -> anyhow::R
     Ok(Args::from_arg_matches(&matches)?)
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    super::init_logs();
-    let args = match &args.settings {
-        // Everything after `sluice serve`, as the user typed it.
-        Some(file) => with_settings(file, std::env::args_os().skip(2))?,
-        None => args,
-    };
+/// The client lease settings of `args` (`--client-lease`, `--client-lease-policy`).
+fn lease_config(args: &Args) -> anyhow::Result<LeaseConfig> {
+    let lease = duration("--client-lease", &args.client_lease)?;
+    anyhow::ensure!(
+        (RuleLeases::MIN_DURATION..=RuleLeases::MAX_DURATION).contains(&lease),
+        "--client-lease: `{}` is out of range (1ms to 1d)",
+        args.client_lease
+    );
+    let policy = RuleLeases::parse_policy(&args.client_lease_policy).with_context(|| {
+        format!(
+            "--client-lease-policy: expected `max-min` or `proportional`, got `{}`",
+            args.client_lease_policy
+        )
+    })?;
+    Ok(LeaseConfig {
+        policy,
+        lease,
+        // The default's proportion (3 s of 10 s): two more tries before the grant expires.
+        refresh: lease * 3 / 10,
+        ..LeaseConfig::default()
+    })
+}
+
+/// What `args` start: the daemon's spec and its extras (token servers, client leases).
+/// Reads the peer key and, with --state-file, moves the incarnation on.
+fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
     let source = match &args.config {
         Some(path) => ConfigSource::Path(path.clone()),
         None => ConfigSource::Example,
@@ -283,8 +312,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "off" => None,
         w => Some(duration("--watch", w)?),
     };
-    let cluster = cluster_spec(&args)?;
-    let token = token_spec(&args, cluster.as_ref().map(|(c, _)| c))?;
+    let cluster = cluster_spec(args)?;
+    let token = token_spec(args, cluster.as_ref().map(|(c, _)| c))?;
     let spec = DaemonSpec {
         source,
         grpc_addr: args.grpc_addr,
@@ -302,13 +331,28 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             None => None,
         },
     };
+    let extras = Extras {
+        token,
+        leases: lease_config(args)?,
+    };
+    Ok((spec, extras))
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    super::init_logs();
+    let args = match &args.settings {
+        // Everything after `sluice serve`, as the user typed it.
+        Some(file) => with_settings(file, std::env::args_os().skip(2))?,
+        None => args,
+    };
+    let (spec, extras) = daemon_spec(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         // Validated before listening: a bad file stops the daemon with file, line and reason.
-        let daemon = Daemon::start_with(spec, Extras { token }).await?;
+        let daemon = Daemon::start_with(spec, extras).await?;
         let s = daemon.status();
         tracing::info!(
             grpc = %daemon.grpc_addr,
@@ -361,6 +405,415 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{Args as _, FromArgMatches as _};
+    use sluice_coord::allocation::AllocationPolicy;
+
+    /// `sluice serve ARGV…` as clap parses it.
+    fn parse(argv: &[&str]) -> Args {
+        let command = Args::augment_args(clap::Command::new("sluice serve"));
+        let matches = command
+            .try_get_matches_from(std::iter::once("sluice serve").chain(argv.iter().copied()))
+            .unwrap();
+        Args::from_arg_matches(&matches).unwrap()
+    }
+
+    /// A directory of its own for one test, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+
+        fn file(&self, name: &str, text: &str) -> String {
+            let path = self.0.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_str().unwrap().to_owned()
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const KEY: &str = "serve-test-key-0123456789abcdef\n";
+
+    #[test]
+    fn token_server_flags_become_the_daemon_spec() {
+        let dir = TempDir::new("token-flags");
+        let key = dir.file("key", KEY);
+        // A node that is also token server 2 of two, with every token flag given.
+        let args = parse(&[
+            "--peer-key-file",
+            &key,
+            "--token-servers",
+            "1=127.0.0.1:7001,2=127.0.0.1:7002",
+            "--token-server-id",
+            "2",
+            "--token-addr",
+            "127.0.0.1:7102",
+            "--token-timeout",
+            "80ms",
+            "--token-lease",
+            "250ms",
+            "--token-nodes",
+            "3",
+        ]);
+        let (spec, extras) = daemon_spec(&args).unwrap();
+        assert!(spec.cluster.is_none());
+        assert_eq!(spec.source, ConfigSource::Example);
+        let token = extras.token.unwrap();
+        let servers: Vec<(u32, &str)> = token
+            .client
+            .servers
+            .iter()
+            .map(|s| (s.id, s.authority.as_str()))
+            .collect();
+        assert_eq!(servers, [(1, "127.0.0.1:7001"), (2, "127.0.0.1:7002")]);
+        assert_eq!(token.client.node_id, 2, "no --node-id: the token server id");
+        assert_eq!(token.client.timeout, Duration::from_millis(80));
+        assert_eq!(token.client.nodes, 3);
+        let (server, addr) = token.server.unwrap();
+        assert_eq!(server.id, 2);
+        assert_eq!(addr, "127.0.0.1:7102".parse().unwrap());
+        assert_eq!(server.timeout, Duration::from_millis(80));
+        assert_eq!(server.grants.lease, 250_000_000);
+        assert_eq!(server.servers.len(), 2);
+
+        // A plain node of a 3-node cluster: its cluster id, 3 nodes, no server of its own,
+        // the token server's port as the default address of nothing.
+        let args = parse(&[
+            "--peer-key-file",
+            &key,
+            "--node-id",
+            "7",
+            "--peers",
+            "8=127.0.0.1:9008,9=127.0.0.1:9009",
+            "--token-servers",
+            "1=127.0.0.1:7001",
+        ]);
+        let (spec, extras) = daemon_spec(&args).unwrap();
+        assert!(spec.cluster.is_some());
+        let token = extras.token.unwrap();
+        assert_eq!(token.client.node_id, 7);
+        assert_eq!(token.client.nodes, 3, "the cluster's size");
+        assert_eq!(token.client.timeout, Duration::from_millis(50), "default");
+        assert!(token.server.is_none());
+
+        // A token server without --token-addr listens on all interfaces at its entry's port.
+        let args = parse(&[
+            "--peer-key-file",
+            &key,
+            "--token-servers",
+            "1=127.0.0.1:7001",
+            "--token-server-id",
+            "1",
+        ]);
+        let (_, extras) = daemon_spec(&args).unwrap();
+        let (_, addr) = extras.token.unwrap().server.unwrap();
+        assert_eq!(addr, "0.0.0.0:7001".parse().unwrap());
+
+        // Without --token-servers there is no token spec at all.
+        let (_, extras) = daemon_spec(&parse(&[])).unwrap();
+        assert!(extras.token.is_none());
+    }
+
+    #[test]
+    fn bad_token_server_flags_are_refused() {
+        let dir = TempDir::new("token-bad");
+        let key = dir.file("key", KEY);
+        let refused = |extra: &[&str]| {
+            let mut argv = vec!["--peer-key-file", key.as_str()];
+            argv.extend_from_slice(extra);
+            format!("{:#}", daemon_spec(&parse(&argv)).unwrap_err())
+        };
+        let e = refused(&[
+            "--token-servers",
+            "1=127.0.0.1:7001",
+            "--token-server-id",
+            "3",
+        ]);
+        assert!(
+            e.contains("--token-server-id 3 is not in --token-servers"),
+            "{e}"
+        );
+        let e = refused(&[
+            "--token-servers",
+            "1=127.0.0.1:7001",
+            "--token-lease",
+            "soon",
+        ]);
+        assert!(e.contains("--token-lease"), "{e}");
+        let e = refused(&[
+            "--token-servers",
+            "1=127.0.0.1:7001",
+            "--token-timeout",
+            "0",
+        ]);
+        assert!(e.contains("--token-timeout"), "{e}");
+        let e = refused(&["--token-servers", "one"]);
+        assert!(e.contains("--token-servers"), "{e}");
+        // No key at all (the variable is not read when a file is given, so give a missing one).
+        let e = format!(
+            "{:#}",
+            daemon_spec(&parse(&[
+                "--peer-key-file",
+                "/nonexistent/key",
+                "--token-servers",
+                "1=127.0.0.1:7001"
+            ]))
+            .unwrap_err()
+        );
+        assert!(e.contains("peer key file"), "{e}");
+        // --token-server-id needs --token-servers (clap refuses it).
+        let command = Args::augment_args(clap::Command::new("sluice serve"));
+        assert!(
+            command
+                .try_get_matches_from(["sluice serve", "--token-server-id", "1"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn token_server_settings_in_a_file_become_the_daemon_spec() {
+        let dir = TempDir::new("token-settings");
+        let key = dir.file("key", KEY);
+        let file = dir.file(
+            "sluice.yaml",
+            &format!(
+                "peer_key_file: {key}\n\
+                 token_servers: [1=127.0.0.1:7001, 2=127.0.0.1:7002]\n\
+                 token-server-id: 1\n\
+                 token_addr: 127.0.0.1:7101\n\
+                 token_timeout: 75ms\n\
+                 token_lease: 300ms\n\
+                 token_nodes: 4\n\
+                 client_lease: 2s\n\
+                 client_lease_policy: proportional\n"
+            ),
+        );
+        // The command line wins over the file: the timeout is the flag's.
+        let rest = ["--settings", file.as_str(), "--token-timeout", "90ms"].map(OsString::from);
+        let args = with_settings(Path::new(&file), rest.into_iter()).unwrap();
+        let (_, extras) = daemon_spec(&args).unwrap();
+        let token = extras.token.unwrap();
+        assert_eq!(token.client.servers.len(), 2);
+        assert_eq!(token.client.servers[1].authority, "127.0.0.1:7002");
+        assert_eq!(token.client.node_id, 1);
+        assert_eq!(token.client.nodes, 4);
+        assert_eq!(token.client.timeout, Duration::from_millis(90));
+        let (server, addr) = token.server.unwrap();
+        assert_eq!((server.id, addr), (1, "127.0.0.1:7101".parse().unwrap()));
+        assert_eq!(server.grants.lease, 300_000_000);
+        assert_eq!(server.timeout, Duration::from_millis(90));
+        assert_eq!(extras.leases.policy, AllocationPolicy::Proportional);
+        assert_eq!(extras.leases.lease, Duration::from_secs(2));
+        assert_eq!(extras.leases.refresh, Duration::from_millis(600));
+    }
+
+    /// One HTTP/1.1 exchange on a fresh connection to 127.0.0.1: (status, body).
+    fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+        let body = out.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
+        (status, body)
+    }
+
+    fn unix_nanos() -> u64 {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        u64::try_from(d.as_nanos()).unwrap()
+    }
+
+    /// Seed 002 §4.4(3) through the whole command path: a token server and two nodes started
+    /// from `sluice serve` command lines (one node from a settings file) on 127.0.0.1. One
+    /// node alone takes more than the 1/N share it would have in fallback — the permits come
+    /// from the server — and the two together never admit more than the limit in a window.
+    #[test]
+    fn a_token_server_and_two_nodes_from_command_lines_keep_the_limit() {
+        const LIMIT: u64 = 100;
+        const SECOND: u64 = 1_000_000_000;
+        let dir = TempDir::new("token-loopback");
+        let key = dir.file("key", KEY);
+        let rules = dir.file(
+            "rules.yaml",
+            &format!(
+                "domain: d\ndescriptors:\n  - key: user\n    rate_limit: \
+                 {{ unit: second, requests_per_unit: {LIMIT}, coordination: token-server }}\n"
+            ),
+        );
+        // A free port for the token server, named in every node's --token-servers.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let servers = format!("1=127.0.0.1:{port}");
+        let token_addr = format!("127.0.0.1:{port}");
+        let common = [
+            "--config",
+            rules.as_str(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--watch",
+            "off",
+            "--peer-key-file",
+            key.as_str(),
+            "--token-servers",
+            servers.as_str(),
+            "--token-nodes",
+            "2",
+        ];
+        let with = |extra: &[&str]| {
+            let mut argv = common.to_vec();
+            argv.extend_from_slice(extra);
+            parse(&argv)
+        };
+        // Grants valid to the end of their window and a generous timeout: this test is
+        // about where decisions are made, not about lease expiry or the fallback.
+        let server = with(&[
+            "--token-server-id",
+            "1",
+            "--token-addr",
+            &token_addr,
+            "--token-lease",
+            "1s",
+        ]);
+        let a = with(&["--token-timeout", "2s"]);
+        let settings = dir.file(
+            "b.yaml",
+            &format!(
+                "config: {rules}\ngrpc_addr: 127.0.0.1:0\nhttp_addr: 127.0.0.1:0\nwatch: off\n\
+                 peer_key_file: {key}\ntoken_servers: [{servers}]\ntoken_nodes: 2\n\
+                 token_timeout: 50ms\n"
+            ),
+        );
+        let b = with_settings(
+            Path::new(&settings),
+            ["--token-timeout", "2s"].map(OsString::from).into_iter(),
+        )
+        .unwrap();
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let start = |args: &Args| {
+            let (spec, extras) = daemon_spec(args).unwrap();
+            rt.block_on(Daemon::start_with(spec, extras)).unwrap()
+        };
+        let server = start(&server);
+        let nodes = [start(&a), start(&b)];
+        let node = server.token_server.clone().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while node.status().serving_from.is_none_or(|f| f > unix_nanos()) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", node.status());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let http = |i: usize| nodes[i].http_addr.unwrap();
+        let check = |i: usize| {
+            let (status, _) = http_get(http(i), "/v1/check/d?user=u");
+            assert!(status == 200 || status == 429, "{status}");
+            status == 200
+        };
+
+        // (admitted, completed at) of every decision; counted in the window it completed
+        // in (a request waiting for a grant is admitted in the server's window).
+        let mut admitted: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut shown = false;
+        // The window in progress when the server started counts as given out: start in a
+        // later one. A run that does not fit in one window is tried again in the next.
+        for _ in 0..3 {
+            let t = unix_nanos();
+            std::thread::sleep(Duration::from_nanos(SECOND - t % SECOND + 5_000_000));
+            let window = unix_nanos() / SECOND;
+            let mut from_a = 0;
+            for i in [0, 1] {
+                for _ in 0..80 {
+                    let ok = check(i);
+                    if ok {
+                        *admitted.entry(unix_nanos() / SECOND).or_default() += 1;
+                        if i == 0 {
+                            from_a += 1;
+                        }
+                    }
+                }
+            }
+            if unix_nanos() / SECOND == window {
+                // In fallback node A would have its 1/2 share, 50: it got more from the
+                // server, and B the rest at most.
+                assert!(from_a > LIMIT / 2, "A admitted {from_a}: {admitted:?}");
+                shown = true;
+                break;
+            }
+        }
+        assert!(shown, "no run fitted in one window: {admitted:?}");
+        for (w, n) in &admitted {
+            assert!(
+                *n <= LIMIT,
+                "window {w}: {n} admitted > {LIMIT}: {admitted:?}"
+            );
+        }
+        for i in [0, 1] {
+            let (status, body) = http_get(http(i), "/v1/cluster");
+            assert_eq!(status, 200);
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let t = &v["token_server"];
+            assert_eq!(t["mode"], "central", "{body}");
+            assert_eq!(t["server"], 1, "{body}");
+            assert_eq!(t["nodes"], 2, "{body}");
+            assert_eq!(t["decisions_local"], 0, "{body}");
+            assert!(t["decisions_central"].as_u64().unwrap() >= 80, "{body}");
+        }
+        assert!(node.status().granted >= LIMIT / 2, "{:?}", node.status());
+        rt.block_on(async move {
+            for n in nodes {
+                n.shutdown().await;
+            }
+            server.shutdown().await;
+        });
+    }
+
+    #[test]
+    fn client_lease_flags() {
+        let (_, extras) = daemon_spec(&parse(&[])).unwrap();
+        assert_eq!(extras.leases, LeaseConfig::default());
+        let (_, extras) = daemon_spec(&parse(&[
+            "--client-lease",
+            "500ms",
+            "--client-lease-policy",
+            "max_min",
+        ]))
+        .unwrap();
+        assert_eq!(extras.leases.policy, AllocationPolicy::MaxMin);
+        assert_eq!(extras.leases.lease, Duration::from_millis(500));
+        assert_eq!(extras.leases.refresh, Duration::from_millis(150));
+        for (flag, value) in [
+            ("--client-lease-policy", "fair"),
+            ("--client-lease", "2d"),
+            ("--client-lease", "never"),
+        ] {
+            let e = format!("{:#}", daemon_spec(&parse(&[flag, value])).unwrap_err());
+            assert!(e.contains(flag), "{e}");
+        }
+    }
 
     #[test]
     fn the_command_line_wins_over_the_settings_file() {
