@@ -128,6 +128,9 @@
 //! one). It is off for the M/M/1 response-time measure, which wants `x > r`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use small_map::{SmallMap, StackVec};
 
 use crate::filter::DemandFilter;
 use crate::law::{self, Measure, Peer};
@@ -141,7 +144,9 @@ use crate::wire::{
 pub type Nanos = u64;
 
 /// The usable neighbours with their link weights, sorted by node id (see `Node::usable`).
-type Usable = Vec<(NodeId, f64)>;
+/// Shared: it is cached and handed out on every message, and a copy each time was an
+/// allocation per message.
+type Usable = Arc<[(NodeId, f64)]>;
 
 /// The weight of `p` in `usable`, if usable.
 fn usable_weight(usable: &[(NodeId, f64)], p: NodeId) -> Option<f64> {
@@ -464,13 +469,20 @@ impl LinkKey {
 /// Retirement lists ("Idle keys") travel in the first part: they refer to counters, not to
 /// the entries beside them. What is not split: a ledger or settlement replies larger than `cap` (their bases and
 /// entries grow only with keys touched by an inheritance) still go out as one message.
-fn split(head: Message, keys: Vec<KeyEntry>, cap: usize) -> Vec<Message> {
+///
+/// The parts go straight to `out` (the outbox), addressed to `to`: one send is one message
+/// nearly always, and a vector per send for it was a measurable share of a large run.
+fn split(head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
     // Room for the key count's varint growing from 1 byte to at most 5.
     const COUNT_SLACK: usize = 4;
     let entries: usize = keys.iter().map(wire::key_entry_len).sum();
     let head_len = wire::encoded_len(&head);
     if head_len + entries + COUNT_SLACK <= cap || keys.len() <= 1 {
-        return vec![Message { keys, ..head }];
+        out.push(Outgoing {
+            to,
+            message: Message { keys, ..head },
+        });
+        return;
     }
     let rest = Message {
         dead_verdict: 0,
@@ -485,20 +497,21 @@ fn split(head: Message, keys: Vec<KeyEntry>, cap: usize) -> Vec<Message> {
         ..head.clone()
     };
     let rest_len = wire::encoded_len(&rest);
-    let mut out = Vec::new();
     let mut cur = head;
     let mut budget = cap.saturating_sub(head_len + COUNT_SLACK);
     for e in keys {
         let len = wire::key_entry_len(&e);
         if !cur.keys.is_empty() && len > budget {
-            out.push(std::mem::replace(&mut cur, rest.clone()));
+            out.push(Outgoing {
+                to,
+                message: std::mem::replace(&mut cur, rest.clone()),
+            });
             budget = cap.saturating_sub(rest_len + COUNT_SLACK);
         }
         budget = budget.saturating_sub(len);
         cur.keys.push(e);
     }
-    out.push(cur);
-    out
+    out.push(Outgoing { to, message: cur });
 }
 
 /// A change of a relay request worth a reactive message: it appears, vanishes, or moves
@@ -516,7 +529,7 @@ struct KeyState {
     /// Signed: a link's frozen net (received − given) can be negative on its own.
     base: i64,
     demand: DemandFilter,
-    links: BTreeMap<NodeId, LinkKey>,
+    links: SmallMap<NodeId, LinkKey>,
     /// `Σ seen` and `Σ given` over `links` (as `u64` sums, wrapping exactly as summing the
     /// links would), kept up to date wherever a link's counters change so that
     /// [`KeyState::own`] is O(1): it is read several times per message and tick, and summing
@@ -612,7 +625,7 @@ pub struct Node {
     holdings: Vec<Holding>,
     default_base: u64,
     reservation: u64,
-    links: BTreeMap<NodeId, Link>,
+    links: SmallMap<NodeId, Link>,
     keys: BTreeMap<Key, KeyState>,
     lease_until: Nanos,
     wards: BTreeMap<NodeId, Ward>,
@@ -689,7 +702,7 @@ impl Node {
         };
         let default_base = holdings.iter().map(|&h| cfg.part(h)).sum();
         let reservation = if member { cfg.reservation(cfg.id) } else { 0 };
-        let mut links = BTreeMap::new();
+        let mut links = SmallMap::new();
         for &(peer, weight) in &cfg.links {
             links.insert(peer, Self::new_link(&cfg, weight, now, true));
         }
@@ -814,7 +827,7 @@ impl Node {
     /// # Errors
     /// [`ConfigError::BadGain`] or [`ConfigError::Unstable`]; γ is then unchanged.
     pub fn set_gamma(&mut self, gamma: f64, now: Nanos) -> Result<(), ConfigError> {
-        let live: Vec<(NodeId, f64)> = self.usable(now);
+        let live = self.usable(now);
         stability::check_node(self.cfg.id, gamma, &self.cfg.measure, &live)?;
         self.cfg.gamma = gamma;
         Ok(())
@@ -896,7 +909,7 @@ impl Node {
         self.keys.entry(key).or_insert_with(|| KeyState {
             base,
             demand: DemandFilter::new(tau),
-            links: BTreeMap::new(),
+            links: SmallMap::new(),
             seen_sum: 0,
             given_sum: 0,
             enforced: None,
@@ -942,8 +955,9 @@ impl Node {
     /// Drains what to do: messages to send and changed enforced limits.
     pub fn ready(&mut self, now: Nanos) -> Ready {
         let mut limits = Vec::new();
-        let keys: Vec<Key> = self.keys.keys().copied().collect();
-        for k in keys {
+        let mut keys = StackVec::<Key, 8>::new();
+        keys.extend(self.keys.keys().copied());
+        for &k in keys.iter() {
             let e = self.enforced(k, now);
             if let Some(ks) = self.keys.get_mut(&k)
                 && ks.enforced != Some(e)
@@ -985,11 +999,17 @@ impl Node {
         }
         // The relay requests' per-key part, once for every send below (sends change no
         // input of it: they record what was sent, not what was given or asked).
-        let plans = self.relaying(now).then(|| self.relay_plans(&usable));
+        let mut plan_buf = StackVec::<Option<RelayPlan>, 4>::new();
+        let relaying = self.relaying(now);
+        if relaying {
+            self.relay_plans(&usable, &mut plan_buf);
+        }
+        let plans = relaying.then_some(&plan_buf[..]);
         let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
         let announced = |v: u64| no_heir || acked >= v;
-        let peers: Vec<NodeId> = self.links.keys().copied().collect();
-        for p in peers {
+        let mut peers = StackVec::<NodeId, 16>::new();
+        peers.extend(self.links.keys().copied());
+        for &p in peers.iter() {
             let Some(link) = self.links.get_mut(&p) else {
                 continue;
             };
@@ -1022,7 +1042,7 @@ impl Node {
                 paced = acc.on_news_at_most(now, draw(), 1) > 0;
             }
             if must || paced {
-                self.send_with(p, now, &usable, plans.as_deref());
+                self.send_with(p, now, &usable, plans);
             }
         }
         if self.lifecycle == Lifecycle::Leaving {
@@ -1134,7 +1154,7 @@ impl Node {
     fn walk_usable(&self, now: Nanos) -> (Usable, Nanos) {
         let up = 2 * self.cfg.cycle;
         let mut until = Nanos::MAX;
-        let list = self
+        let list: Vec<(NodeId, f64)> = self
             .links
             .iter()
             .filter(|(_, l)| Self::link_usable(l, now, up))
@@ -1145,7 +1165,7 @@ impl Node {
                 (*p, l.weight)
             })
             .collect();
-        (list, until)
+        (list.into(), until)
     }
 
     /// Whether the law and relay may give over `l` at `now`: a neighbour, of known
@@ -1179,12 +1199,16 @@ impl Node {
     /// weight. It is worked out in two steps: [`Node::relay_plan`] once per key (here, for
     /// every key, in key order), then [`Node::relay_ask`] per neighbour; per-neighbour
     /// recomputation made each message O(degree²).
-    fn relay_plans(&self, usable: &[(NodeId, f64)]) -> Vec<Option<RelayPlan>> {
+    ///
+    /// The plans replace the contents of `out` (a reused buffer).
+    fn relay_plans(&self, usable: &[(NodeId, f64)], out: &mut StackVec<Option<RelayPlan>, 4>) {
         let (max_hops, reservation) = (self.max_hops(), self.reservation);
-        self.keys
-            .values()
-            .map(|ks| Self::relay_plan(ks, usable, max_hops, reservation))
-            .collect()
+        out.clear();
+        out.extend(
+            self.keys
+                .values()
+                .map(|ks| Self::relay_plan(ks, usable, max_hops, reservation)),
+        );
     }
 
     /// The part of a key's relay request that does not depend on the neighbour asked.
@@ -1239,13 +1263,19 @@ impl Node {
     }
 
     /// Relay gifts: spare capacity (above demand and reservation) to the neighbours' open
-    /// requests, largest first. Returns the neighbours given to.
-    fn relay_give(&mut self, now: Nanos, usable: &[(NodeId, f64)]) -> BTreeSet<NodeId> {
-        let mut gave = BTreeSet::new();
+    /// requests, largest first. Appends the neighbours given to to `gave` (unsorted, maybe
+    /// repeated) when asked.
+    fn relay_give(
+        &mut self,
+        now: Nanos,
+        usable: &[(NodeId, f64)],
+        mut gave: Option<&mut StackVec<NodeId, 16>>,
+    ) {
         if !self.relaying(now) {
-            return gave;
+            return;
         }
         let reservation = self.reservation;
+        let mut asks = StackVec::<(NodeId, f64), 16>::new();
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let floor = ks.demand.estimate().max(reservation as f64);
@@ -1253,33 +1283,35 @@ impl Node {
             if spare == 0 {
                 continue;
             }
-            let mut asks: Vec<(NodeId, f64)> = ks
-                .links
-                .iter()
-                .filter(|(p, lk)| usable_weight(usable, **p).is_some() && !lk.frozen())
-                .map(|(p, lk)| (*p, lk.relay_open()))
-                .filter(|a| a.1 >= 1.0)
-                .collect();
+            asks.clear();
+            asks.extend(
+                ks.links
+                    .iter()
+                    .filter(|(p, lk)| usable_weight(usable, **p).is_some() && !lk.frozen())
+                    .map(|(p, lk)| (*p, lk.relay_open()))
+                    .filter(|a| a.1 >= 1.0),
+            );
             asks.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for (p, open) in asks {
+            for &(p, open) in asks.iter() {
                 let amount = (open.floor() as u64).min(spare);
                 if amount == 0 {
                     break;
                 }
                 spare -= amount;
-                if ks.give_to(p, amount) {
-                    gave.insert(p);
+                if ks.give_to(p, amount)
+                    && let Some(g) = gave.as_deref_mut()
+                {
+                    g.push(p);
                 }
             }
         }
-        gave
     }
 
     /// The law: gifts to worse-off neighbours (seed 000 eq. 3 / seed 003 Fig. 1 as gifts),
     /// then the relay's gifts from what is still spare.
     fn give(&mut self, now: Nanos, usable: &[(NodeId, f64)]) {
         self.law_give(usable);
-        self.relay_give(now, usable);
+        self.relay_give(now, usable, None);
     }
 
     fn law_give(&mut self, usable: &[(NodeId, f64)]) {
@@ -1294,35 +1326,33 @@ impl Node {
         } else {
             self.cfg.gamma
         };
+        let mut wants = StackVec::<(NodeId, f64), 16>::new();
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let p_own = measure.indicator(ks.demand.estimate(), own as f64);
             let mut budget = own.saturating_sub(reservation);
-            let mut wants: Vec<(NodeId, f64)> = ks
-                .links
-                .iter()
-                .filter_map(|(p, lk)| {
-                    let w = usable_weight(usable, *p)?;
-                    // Two quiet ends only return what they owe each other ("Idle keys").
-                    if lk.frozen() || (ks.quiet && lk.peer_idle) {
-                        return None;
-                    }
-                    let (ind, sat) = lk.peer?;
-                    let g = law::gift(
-                        &measure,
-                        gamma,
-                        w,
-                        p_own,
-                        Peer {
-                            indicator: ind,
-                            saturated: sat,
-                        },
-                    );
-                    (g >= 1.0).then_some((*p, g))
-                })
-                .collect();
+            wants.clear();
+            wants.extend(ks.links.iter().filter_map(|(p, lk)| {
+                let w = usable_weight(usable, *p)?;
+                // Two quiet ends only return what they owe each other ("Idle keys").
+                if lk.frozen() || (ks.quiet && lk.peer_idle) {
+                    return None;
+                }
+                let (ind, sat) = lk.peer?;
+                let g = law::gift(
+                    &measure,
+                    gamma,
+                    w,
+                    p_own,
+                    Peer {
+                        indicator: ind,
+                        saturated: sat,
+                    },
+                );
+                (g >= 1.0).then_some((*p, g))
+            }));
             wants.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for (p, g) in wants {
+            for &(p, g) in wants.iter() {
                 let amount = (g.floor() as u64).min(budget);
                 if amount == 0 {
                     break;
@@ -1492,12 +1522,12 @@ impl Node {
     }
 
     fn send(&mut self, to: NodeId, now: Nanos) {
-        let usable = if self.relaying(now) {
-            self.usable(now)
+        if self.relaying(now) {
+            let usable = self.usable(now);
+            self.send_with(to, now, &usable, None);
         } else {
-            Vec::new()
-        };
-        self.send_with(to, now, &usable, None);
+            self.send_with(to, now, &[], None);
+        }
     }
 
     /// [`Node::send`] with the usable neighbours already worked out (`Node::usable` at `now`;
@@ -1602,10 +1632,13 @@ impl Node {
             retired,
             confirm: std::mem::take(&mut link.confirm).into_iter().collect(),
         };
-        let cap = self.cfg.max_message_bytes;
-        for message in split(message, keys, cap) {
-            self.outbox.push(Outgoing { to, message });
-        }
+        split(
+            message,
+            keys,
+            self.cfg.max_message_bytes,
+            to,
+            &mut self.outbox,
+        );
     }
 
     /// A message from `from`, received at `now` (this node's clock).
@@ -1614,6 +1647,19 @@ impl Node {
         now: Nanos,
         from: NodeId,
         mut msg: Message,
+        draw: &mut dyn FnMut() -> f64,
+    ) {
+        self.handle_message_in(now, from, &mut msg, draw);
+    }
+
+    /// [`Node::handle_message`] on a borrowed message, which it may take parts of (the
+    /// ledger): a driver can decode every message into one buffer
+    /// ([`crate::wire::decode_into`]) instead of allocating one per message.
+    pub fn handle_message_in(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        msg: &mut Message,
         draw: &mut dyn FnMut() -> f64,
     ) {
         if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
@@ -1799,7 +1845,7 @@ impl Node {
             return;
         }
         let mut news = false;
-        let stale = self.retirements(from, &msg);
+        let stale = self.retirements(from, msg);
         for e in msg.keys.iter().filter(|_| !stale) {
             // A quiet key the sender holds nothing of on this link costs us no state.
             if e.idle
@@ -1842,41 +1888,45 @@ impl Node {
             }
         }
         if !stale {
-            self.match_retirements(from, &msg);
+            self.match_retirements(from, msg);
         }
         // Seed 004: news is answered at once where tokens allow. A reply to the sender, a
         // relay gift to whoever asked (so capacity crosses several hops within one cycle),
         // and a changed relay request to the neighbours it concerns. Only relay gifts are
         // made here: the law's gifts stay once per cycle, as its stability bound assumes.
-        let mut notify: BTreeSet<NodeId> = BTreeSet::new();
+        // (A sorted, deduplicated vector: a set in id order without a node per entry.)
+        let mut notify = StackVec::<NodeId, 16>::new();
         if news {
-            notify.insert(from);
+            notify.push(from);
         }
         // The usable neighbours, once for the whole message (the sends below change none).
+        let mut plans = StackVec::<Option<RelayPlan>, 4>::new();
         let mut relay = None;
         if self.links.values().any(|l| l.pacing.is_some()) && self.relaying(now) {
             let u = self.usable(now);
-            notify.extend(self.relay_give(now, &u));
-            let plans = self.relay_plans(&u);
+            self.relay_give(now, &u, Some(&mut notify));
+            self.relay_plans(&u, &mut plans);
             for (ks, &plan) in self.keys.values().zip(&plans) {
-                for &(q, _) in &u {
+                for &(q, _) in u.iter() {
                     let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
                     let (r, _) = Self::relay_ask(plan, q, &u);
                     if relay_changed(sent, r) {
-                        notify.insert(q);
+                        notify.push(q);
                     }
                 }
             }
-            relay = Some((u, plans));
+            relay = Some(u);
         }
-        for q in notify {
+        notify.sort_unstable();
+        notify.dedup();
+        for &q in notify.iter() {
             if let Some(acc) = self.links.get_mut(&q).and_then(|l| l.pacing.as_mut())
                 // One message carries every key, so spend at most one token per news; the
                 // rest stay for the next (seed 004 Alg. 4 counts messages, not replies).
                 && acc.on_news_at_most(now, draw(), 1) > 0
             {
                 match &relay {
-                    Some((u, plans)) => self.send_with(q, now, u, Some(plans)),
+                    Some(u) => self.send_with(q, now, u, Some(&plans)),
                     None => self.send(q, now),
                 }
             }
@@ -2354,5 +2404,303 @@ impl Node {
             self.answer_settle(asker, dead, inc);
         }
         let _ = now;
+    }
+}
+
+/// A small ordered map for a node's links: the same iteration order and results as a
+/// `BTreeMap` (ascending keys), kept as two sorted vectors. A node touches a handful of
+/// links per message, each lookup on a cold node; a B-tree leaf sized for eleven entries
+/// spreads one lookup over several cache lines (its length sits after the values), and
+/// that was most of the per-message cost of a 1,000-node run. Insertion and removal are
+/// O(n): fine for links (a node has tens, not thousands), not meant for keys.
+mod small_map {
+    use std::iter::Zip;
+    use std::ops::{Deref, DerefMut};
+    use std::slice;
+
+    /// A vector that lives on the stack up to `N` items, then on the heap: the working
+    /// lists of one event (relay plans, neighbours to notify, gifts to sort) hold one item
+    /// per key or per neighbour, and a heap allocation per event for each, or a buffer kept
+    /// in every node (cold in cache by the node's next event), cost more than the work.
+    #[derive(Debug)]
+    pub(super) struct StackVec<T, const N: usize> {
+        len: usize,
+        inline: [T; N],
+        /// All the items once more than `N` were pushed.
+        heap: Vec<T>,
+    }
+
+    impl<T: Copy + Default, const N: usize> StackVec<T, N> {
+        pub(super) fn new() -> Self {
+            Self {
+                len: 0,
+                inline: [T::default(); N],
+                heap: Vec::new(),
+            }
+        }
+
+        pub(super) fn push(&mut self, v: T) {
+            if self.len < N {
+                self.inline[self.len] = v;
+                self.len += 1;
+            } else {
+                if self.heap.is_empty() {
+                    self.heap.extend_from_slice(&self.inline);
+                }
+                self.heap.push(v);
+            }
+        }
+
+        pub(super) fn clear(&mut self) {
+            self.len = 0;
+            self.heap.clear();
+        }
+
+        /// Removes consecutive repeated items (all repeats, once sorted).
+        pub(super) fn dedup(&mut self)
+        where
+            T: PartialEq,
+        {
+            if self.heap.is_empty() {
+                let mut w = 0;
+                for r in 0..self.len {
+                    if w == 0 || self.inline[r] != self.inline[w - 1] {
+                        self.inline[w] = self.inline[r];
+                        w += 1;
+                    }
+                }
+                self.len = w;
+            } else {
+                self.heap.dedup();
+            }
+        }
+    }
+
+    impl<T: Copy + Default, const N: usize> Extend<T> for StackVec<T, N> {
+        fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
+            for v in iter {
+                self.push(v);
+            }
+        }
+    }
+
+    impl<'a, T, const N: usize> IntoIterator for &'a StackVec<T, N> {
+        type Item = &'a T;
+        type IntoIter = slice::Iter<'a, T>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.iter()
+        }
+    }
+
+    impl<T, const N: usize> Deref for StackVec<T, N> {
+        type Target = [T];
+        fn deref(&self) -> &[T] {
+            if self.heap.is_empty() {
+                &self.inline[..self.len]
+            } else {
+                &self.heap
+            }
+        }
+    }
+
+    impl<T, const N: usize> DerefMut for StackVec<T, N> {
+        fn deref_mut(&mut self) -> &mut [T] {
+            if self.heap.is_empty() {
+                &mut self.inline[..self.len]
+            } else {
+                &mut self.heap
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) struct SmallMap<K, V> {
+        keys: Vec<K>,
+        vals: Vec<V>,
+    }
+
+    impl<K, V> Default for SmallMap<K, V> {
+        fn default() -> Self {
+            Self {
+                keys: Vec::new(),
+                vals: Vec::new(),
+            }
+        }
+    }
+
+    impl<K: Ord + Copy, V> SmallMap<K, V> {
+        pub(super) fn new() -> Self {
+            Self::default()
+        }
+
+        fn find(&self, k: &K) -> Result<usize, usize> {
+            self.keys.binary_search(k)
+        }
+
+        pub(super) fn len(&self) -> usize {
+            self.keys.len()
+        }
+
+        pub(super) fn get(&self, k: &K) -> Option<&V> {
+            self.find(k).ok().map(|i| &self.vals[i])
+        }
+
+        pub(super) fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+            self.find(k).ok().map(|i| &mut self.vals[i])
+        }
+
+        pub(super) fn contains_key(&self, k: &K) -> bool {
+            self.find(k).is_ok()
+        }
+
+        pub(super) fn insert(&mut self, k: K, v: V) -> Option<V> {
+            match self.find(&k) {
+                Ok(i) => Some(std::mem::replace(&mut self.vals[i], v)),
+                Err(i) => {
+                    self.keys.insert(i, k);
+                    self.vals.insert(i, v);
+                    None
+                }
+            }
+        }
+
+        pub(super) fn remove(&mut self, k: &K) -> Option<V> {
+            let i = self.find(k).ok()?;
+            self.keys.remove(i);
+            Some(self.vals.remove(i))
+        }
+
+        pub(super) fn entry(&mut self, k: K) -> Entry<'_, K, V> {
+            Entry { map: self, key: k }
+        }
+
+        pub(super) fn iter(&self) -> Zip<slice::Iter<'_, K>, slice::Iter<'_, V>> {
+            self.keys.iter().zip(self.vals.iter())
+        }
+
+        pub(super) fn iter_mut(&mut self) -> Zip<slice::Iter<'_, K>, slice::IterMut<'_, V>> {
+            self.keys.iter().zip(self.vals.iter_mut())
+        }
+
+        pub(super) fn keys(&self) -> slice::Iter<'_, K> {
+            self.keys.iter()
+        }
+
+        pub(super) fn values(&self) -> slice::Iter<'_, V> {
+            self.vals.iter()
+        }
+
+        pub(super) fn values_mut(&mut self) -> slice::IterMut<'_, V> {
+            self.vals.iter_mut()
+        }
+    }
+
+    impl<'a, K: Ord + Copy, V> IntoIterator for &'a SmallMap<K, V> {
+        type Item = (&'a K, &'a V);
+        type IntoIter = Zip<slice::Iter<'a, K>, slice::Iter<'a, V>>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.iter()
+        }
+    }
+
+    impl<'a, K: Ord + Copy, V> IntoIterator for &'a mut SmallMap<K, V> {
+        type Item = (&'a K, &'a mut V);
+        type IntoIter = Zip<slice::Iter<'a, K>, slice::IterMut<'a, V>>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.iter_mut()
+        }
+    }
+
+    /// `BTreeMap::entry`'s two uses here.
+    pub(super) struct Entry<'a, K, V> {
+        map: &'a mut SmallMap<K, V>,
+        key: K,
+    }
+
+    impl<'a, K: Ord + Copy, V> Entry<'a, K, V> {
+        pub(super) fn or_insert_with(self, f: impl FnOnce() -> V) -> &'a mut V {
+            let i = match self.map.find(&self.key) {
+                Ok(i) => i,
+                Err(i) => {
+                    self.map.keys.insert(i, self.key);
+                    self.map.vals.insert(i, f());
+                    i
+                }
+            };
+            &mut self.map.vals[i]
+        }
+
+        pub(super) fn or_default(self) -> &'a mut V
+        where
+            V: Default,
+        {
+            self.or_insert_with(V::default)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::{SmallMap, StackVec};
+
+        proptest! {
+            /// `SmallMap` answers every operation the links use exactly as the `BTreeMap` it
+            /// replaces, iteration order included.
+            #[test]
+            fn small_map_is_a_btree_map(ops in prop::collection::vec((0u8..5, 0u32..24, any::<u16>()), 0..200)) {
+                let mut s: SmallMap<u32, u16> = SmallMap::new();
+                let mut b: BTreeMap<u32, u16> = BTreeMap::new();
+                for (op, k, v) in ops {
+                    match op {
+                        0 => prop_assert_eq!(s.insert(k, v), b.insert(k, v)),
+                        1 => prop_assert_eq!(s.remove(&k), b.remove(&k)),
+                        2 => {
+                            *s.entry(k).or_default() += 1;
+                            *b.entry(k).or_default() += 1;
+                        }
+                        3 => {
+                            if let (Some(x), Some(y)) = (s.get_mut(&k), b.get_mut(&k)) {
+                                *x = v;
+                                *y = v;
+                            }
+                        }
+                        _ => {
+                            s.entry(k).or_insert_with(|| v);
+                            b.entry(k).or_insert(v);
+                        }
+                    }
+                    prop_assert_eq!(s.len(), b.len());
+                    prop_assert_eq!(s.contains_key(&k), b.contains_key(&k));
+                    prop_assert_eq!(s.get(&k), b.get(&k));
+                    prop_assert!(s.iter().eq(b.iter()));
+                    prop_assert!(s.keys().eq(b.keys()));
+                    prop_assert!(s.values().eq(b.values()));
+                }
+            }
+
+            /// `StackVec` holds what a `Vec` holds, on either side of its inline size.
+            #[test]
+            fn stack_vec_is_a_vec(items in prop::collection::vec(0u32..10, 0..40), cut in 0usize..40) {
+                let mut s = StackVec::<u32, 8>::new();
+                let mut v = Vec::new();
+                for (i, &x) in items.iter().enumerate() {
+                    if i == cut {
+                        s.clear();
+                        v.clear();
+                    }
+                    s.push(x);
+                    v.push(x);
+                    prop_assert_eq!(&s[..], &v[..]);
+                }
+                s.sort_unstable();
+                v.sort_unstable();
+                s.dedup();
+                v.dedup();
+                prop_assert_eq!(&s[..], &v[..]);
+            }
+        }
     }
 }

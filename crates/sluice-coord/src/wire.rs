@@ -165,6 +165,32 @@ pub struct Message {
     pub confirm: Vec<Key>,
 }
 
+impl Default for Message {
+    /// An empty message (no keys, nothing to settle) from and to unknown incarnations: a
+    /// buffer for [`decode_into`].
+    fn default() -> Self {
+        Self {
+            from_inc: 0,
+            to_inc: 0,
+            sent_at: 0,
+            echo: 0,
+            lifecycle: Lifecycle::Joining,
+            to_heir: false,
+            dead_verdict: 0,
+            verdict_version: None,
+            ledger: None,
+            keys: Vec::new(),
+            settle_requests: Vec::new(),
+            settle_replies: Vec::new(),
+            succession: None,
+            ledger_ack: 0,
+            retire: Vec::new(),
+            retired: Vec::new(),
+            confirm: Vec::new(),
+        }
+    }
+}
+
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -200,6 +226,48 @@ pub enum WireError {
 #[must_use]
 pub fn encode(m: &Message) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + m.keys.len() * 12);
+    write(m, &mut out);
+    out
+}
+
+/// Appends the encoding of `m` to `out` (what [`encode`] returns), so a sender can put
+/// many messages into one buffer instead of allocating one per message.
+pub fn encode_into(m: &Message, out: &mut Vec<u8>) {
+    out.reserve(32 + m.keys.len() * 12);
+    write(m, out);
+}
+
+/// Where [`write`] puts bytes: a buffer, or a counter. One writer for both keeps
+/// [`encoded_len`] exact by construction, without building the bytes.
+trait Sink {
+    fn push(&mut self, b: u8);
+    fn extend_from_slice(&mut self, b: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn push(&mut self, b: u8) {
+        Vec::push(self, b);
+    }
+
+    fn extend_from_slice(&mut self, b: &[u8]) {
+        Vec::extend_from_slice(self, b);
+    }
+}
+
+/// Counts the bytes written.
+struct Count(usize);
+
+impl Sink for Count {
+    fn push(&mut self, _: u8) {
+        self.0 += 1;
+    }
+
+    fn extend_from_slice(&mut self, b: &[u8]) {
+        self.0 += b.len();
+    }
+}
+
+fn write<S: Sink>(m: &Message, out: &mut S) {
     out.push(VERSION);
     for v in [
         m.from_inc,
@@ -210,7 +278,7 @@ pub fn encode(m: &Message) -> Vec<u8> {
         m.verdict_version.map_or(0, |v| v.saturating_add(1)),
         m.ledger_ack,
     ] {
-        put(&mut out, v);
+        put(out, v);
     }
     let life = match m.lifecycle {
         Lifecycle::Joining => 0,
@@ -220,39 +288,39 @@ pub fn encode(m: &Message) -> Vec<u8> {
     };
     out.push(life | (u8::from(m.to_heir) << 2) | (u8::from(m.ledger.is_some()) << 3));
     if let Some(l) = &m.ledger {
-        put(&mut out, l.version);
-        put(&mut out, l.holdings.len() as u64);
+        put(out, l.version);
+        put(out, l.holdings.len() as u64);
         for h in &l.holdings {
-            put(&mut out, u64::from(h.node));
+            put(out, u64::from(h.node));
             out.push(match h.part {
                 Part::Full => 0,
                 Part::ReserveOnly => 1,
                 Part::ShareOnly => 2,
             });
         }
-        put(&mut out, l.bases.len() as u64);
+        put(out, l.bases.len() as u64);
         for &(k, b) in &l.bases {
-            put(&mut out, k);
+            put(out, k);
             // Zigzag: small magnitudes of either sign stay short.
-            put(&mut out, ((b << 1) ^ (b >> 63)) as u64);
+            put(out, ((b << 1) ^ (b >> 63)) as u64);
         }
-        put(&mut out, l.wards.len() as u64);
+        put(out, l.wards.len() as u64);
         for &n in &l.wards {
-            put(&mut out, u64::from(n));
+            put(out, u64::from(n));
         }
         for list in [&l.neighbours, &l.settled, &l.folded] {
-            put(&mut out, list.len() as u64);
+            put(out, list.len() as u64);
             for &(n, inc) in list {
-                put(&mut out, u64::from(n));
-                put(&mut out, inc);
+                put(out, u64::from(n));
+                put(out, inc);
             }
         }
     }
-    put(&mut out, m.keys.len() as u64);
+    put(out, m.keys.len() as u64);
     for e in &m.keys {
-        put(&mut out, e.key);
-        put(&mut out, e.given);
-        put(&mut out, e.seen);
+        put(out, e.key);
+        put(out, e.given);
+        put(out, e.seen);
         out.extend_from_slice(&e.indicator.to_le_bytes());
         // Flags: bit 0 saturated, bit 2 idle, bit 1 a relay request follows (absent when 0, so an
         // entry without one costs no extra byte).
@@ -263,44 +331,43 @@ pub fn encode(m: &Message) -> Vec<u8> {
             out.push(e.relay_hops);
         }
     }
-    put(&mut out, m.settle_requests.len() as u64);
+    put(out, m.settle_requests.len() as u64);
     for &(n, inc) in &m.settle_requests {
-        put(&mut out, u64::from(n));
-        put(&mut out, inc);
+        put(out, u64::from(n));
+        put(out, inc);
     }
-    put(&mut out, m.settle_replies.len() as u64);
+    put(out, m.settle_replies.len() as u64);
     for r in &m.settle_replies {
-        put(&mut out, u64::from(r.dead));
-        put(&mut out, r.incarnation);
-        put(&mut out, r.replier_incarnation);
+        put(out, u64::from(r.dead));
+        put(out, r.incarnation);
+        put(out, r.replier_incarnation);
         out.push(u8::from(r.first) | (u8::from(r.in_estate) << 1));
-        put(&mut out, r.entries.len() as u64);
+        put(out, r.entries.len() as u64);
         for &(k, f, s) in &r.entries {
-            put(&mut out, k);
-            put(&mut out, f);
-            put(&mut out, s);
+            put(out, k);
+            put(out, f);
+            put(out, s);
         }
     }
     match m.succession {
         None => out.push(0),
         Some((n, inc)) => {
             out.push(1);
-            put(&mut out, u64::from(n));
-            put(&mut out, inc);
+            put(out, u64::from(n));
+            put(out, inc);
         }
     }
     for list in [&m.retire, &m.retired] {
-        put(&mut out, list.len() as u64);
+        put(out, list.len() as u64);
         for &(k, v) in list {
-            put(&mut out, k);
-            put(&mut out, v);
+            put(out, k);
+            put(out, v);
         }
     }
-    put(&mut out, m.confirm.len() as u64);
+    put(out, m.confirm.len() as u64);
     for &k in &m.confirm {
-        put(&mut out, k);
+        put(out, k);
     }
-    out
 }
 
 /// Decodes a message; never panics.
@@ -308,6 +375,18 @@ pub fn encode(m: &Message) -> Vec<u8> {
 /// # Errors
 /// A [`WireError`] saying what is wrong and where.
 pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
+    let mut m = Message::default();
+    decode_into(bytes, &mut m)?;
+    Ok(m)
+}
+
+/// [`decode`] into `out`, reusing its key list's buffer: a receiver that decodes every
+/// message into one [`Message`] allocates nothing for the usual message. On error `out`
+/// holds an unspecified (valid) message. Never panics.
+///
+/// # Errors
+/// A [`WireError`] saying what is wrong and where.
+pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let mut r = Reader { b: bytes, at: 0 };
     let v = r.byte()?;
     if v != VERSION {
@@ -387,7 +466,9 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         None
     };
     let n = r.count(8)?;
-    let mut keys = Vec::with_capacity(n);
+    let mut keys = std::mem::take(&mut out.keys);
+    keys.clear();
+    keys.reserve(n);
     for _ in 0..n {
         let key = r.var()?;
         let given = r.var()?;
@@ -479,7 +560,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
     }
-    Ok(Message {
+    *out = Message {
         from_inc,
         to_inc,
         sent_at,
@@ -497,7 +578,8 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         retire,
         retired,
         confirm,
-    })
+    };
+    Ok(())
 }
 
 /// Bytes a varint takes.
@@ -512,20 +594,15 @@ pub fn key_entry_len(e: &KeyEntry) -> usize {
     varint_len(e.key) + varint_len(e.given) + varint_len(e.seen) + 4 + 1 + if relay { 5 } else { 0 }
 }
 
-/// Bytes [`encode`] writes for `m`.
+/// Bytes [`encode`] writes for `m` (counted, not built: senders ask it for every message).
 #[must_use]
 pub fn encoded_len(m: &Message) -> usize {
-    // The header is small next to the keys; encoding it once is exact and simple.
-    let head = Message {
-        keys: Vec::new(),
-        ..m.clone()
-    };
-    encode(&head).len() - 1
-        + varint_len(m.keys.len() as u64)
-        + m.keys.iter().map(key_entry_len).sum::<usize>()
+    let mut c = Count(0);
+    write(m, &mut c);
+    c.0
 }
 
-fn put(out: &mut Vec<u8>, mut v: u64) {
+fn put<S: Sink>(out: &mut S, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -587,5 +664,94 @@ impl Reader<'_> {
             return Err(WireError::Count(n));
         }
         usize::try_from(n).map_err(|_| WireError::Count(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: Key, relay: f32) -> KeyEntry {
+        KeyEntry {
+            key,
+            given: key * 1000 + 7,
+            seen: key * 3,
+            indicator: -1.5,
+            saturated: key.is_multiple_of(2),
+            relay,
+            relay_hops: if relay > 0.0 { 3 } else { 0 },
+            idle: key.is_multiple_of(3),
+        }
+    }
+
+    fn message(keys: u64, ledger: bool) -> Message {
+        Message {
+            from_inc: 2,
+            to_inc: 1,
+            sent_at: 1_000_000 + keys,
+            echo: 999,
+            lifecycle: Lifecycle::Active,
+            to_heir: ledger,
+            ledger: ledger.then(|| Ledger {
+                version: 4,
+                holdings: vec![Holding {
+                    node: 3,
+                    part: Part::Full,
+                }],
+                bases: vec![(9, -12)],
+                neighbours: vec![(1, 3), (2, 0), (5, 1)],
+                wards: vec![5],
+                settled: vec![(6, 1)],
+                folded: vec![(6, 1)],
+            }),
+            keys: (1..=keys)
+                .map(|k| entry(k, (k % 2) as f32 * 40.0))
+                .collect(),
+            settle_requests: vec![(6, 1)],
+            settle_replies: vec![SettleReply {
+                dead: 6,
+                incarnation: 1,
+                replier_incarnation: 2,
+                first: true,
+                in_estate: false,
+                entries: vec![(1, 10, 20)],
+            }],
+            succession: Some((6, 1)),
+            verdict_version: Some(2),
+            ledger_ack: 3,
+            retire: vec![(1, 5)],
+            retired: vec![(2, 77)],
+            confirm: vec![3],
+            ..Message::default()
+        }
+    }
+
+    /// Decoding into a reused buffer gives exactly what a fresh decode gives, whatever the
+    /// buffer held before (more keys, fewer, a ledger or none, a failed decode).
+    #[test]
+    fn decode_into_a_reused_buffer_is_decode() {
+        let mut buf = Message::default();
+        for m in [
+            message(5, true),
+            message(1, false),
+            message(0, true),
+            message(40, false),
+            message(2, false),
+        ] {
+            let bytes = encode(&m);
+            assert_eq!(encoded_len(&m), bytes.len());
+            // Appending to a buffer that already holds a message appends exactly these bytes.
+            let mut two = vec![0xAA];
+            encode_into(&m, &mut two);
+            assert_eq!(&two[1..], &bytes[..]);
+            decode_into(&bytes, &mut buf).unwrap();
+            assert_eq!(buf, m);
+            assert_eq!(decode(&bytes).unwrap(), m);
+            // A failed decode leaves a valid buffer that the next one overwrites whole.
+            assert!(decode_into(&bytes[..bytes.len() - 1], &mut buf).is_err());
+        }
+        let m = message(3, true);
+        decode_into(&encode(&m), &mut buf).unwrap();
+        assert_eq!(buf, m);
     }
 }

@@ -23,7 +23,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use sluice_coord::node::{Config, Nanos, Node};
 use sluice_coord::stability::ConfigError;
 use sluice_coord::testing::{NetConfig, Rng, links_of};
-use sluice_coord::wire::{self, Key, NodeId};
+use sluice_coord::wire::{self, Key, Message, NodeId};
 
 /// A message on its way: ordered by arrival time, then by when it was sent.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,22 +32,56 @@ struct Flight {
     seq: u64,
     from: NodeId,
     to: NodeId,
-    bytes: Vec<u8>,
+    bytes: Payload,
+}
+
+/// A message's encoding: its own buffer, or a range of the FIFO's arena.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Payload {
+    Owned(Vec<u8>),
+    Arena(usize, usize),
 }
 
 /// Messages in flight, popped in `(arrival, sequence)` order.
 #[derive(Debug)]
 enum Flights {
-    /// No delay: arrival = send time, and time only grows, so the order is FIFO.
-    Fifo(VecDeque<Flight>),
+    /// No delay: arrival = send time, and time only grows, so the order is FIFO. The
+    /// encodings are appended to one arena, emptied whenever the queue is: no buffer per
+    /// message (≈ 8,000 a cycle at 1,000 nodes), and delivery reads it front to back.
+    Fifo(VecDeque<Flight>, Vec<u8>),
     /// Random delays: messages overtake each other.
     Heap(BinaryHeap<Reverse<Flight>>),
 }
 
 impl Flights {
+    /// Encodes `m` where this queue keeps it; returns it and its length in bytes.
+    fn encode(&mut self, m: &Message) -> (Payload, usize) {
+        match self {
+            Self::Fifo(_, arena) => {
+                let start = arena.len();
+                wire::encode_into(m, arena);
+                (Payload::Arena(start, arena.len()), arena.len() - start)
+            }
+            Self::Heap(_) => {
+                let bytes = wire::encode(m);
+                let len = bytes.len();
+                (Payload::Owned(bytes), len)
+            }
+        }
+    }
+
+    /// The bytes of a payload of this queue.
+    fn bytes<'a>(&'a self, p: &'a Payload) -> &'a [u8] {
+        match (self, p) {
+            (_, Payload::Owned(b)) => b,
+            (Self::Fifo(_, arena), &Payload::Arena(s, e)) => arena.get(s..e).unwrap_or(&[]),
+            (Self::Heap(_), Payload::Arena(..)) => &[],
+        }
+    }
+
     fn push(&mut self, f: Flight) {
         match self {
-            Self::Fifo(q) => q.push_back(f),
+            Self::Fifo(q, _) => q.push_back(f),
             Self::Heap(h) => h.push(Reverse(f)),
         }
     }
@@ -55,7 +89,12 @@ impl Flights {
     /// The next message if it has arrived by `now`.
     fn pop_due(&mut self, now: Nanos) -> Option<Flight> {
         match self {
-            Self::Fifo(q) => {
+            Self::Fifo(q, arena) => {
+                // Nothing in flight refers to the arena (the last popped message has been
+                // handled by now): start it again.
+                if q.is_empty() {
+                    arena.clear();
+                }
                 if q.front().is_none_or(|f| f.at > now) {
                     return None;
                 }
@@ -72,7 +111,7 @@ impl Flights {
 
     fn drop_to(&mut self, id: NodeId) {
         match self {
-            Self::Fifo(q) => q.retain(|f| f.to != id),
+            Self::Fifo(q, _) => q.retain(|f| f.to != id),
             Self::Heap(h) => h.retain(|f| f.0.to != id),
         }
     }
@@ -111,6 +150,9 @@ pub(crate) struct Net {
     pub(crate) messages: u64,
     /// Encoded bytes sent.
     pub(crate) bytes: u64,
+    /// The message being delivered: one buffer for the whole run (a thousand nodes deliver
+    /// ≈ 8,000 messages a cycle; decoding each into a fresh one was a visible share).
+    inbox: Message,
 }
 
 impl Net {
@@ -150,7 +192,7 @@ impl Net {
         Ok(Self {
             slots,
             flights: if net.max_delay == 0 {
-                Flights::Fifo(VecDeque::new())
+                Flights::Fifo(VecDeque::new(), Vec::new())
             } else {
                 Flights::Heap(BinaryHeap::new())
             },
@@ -166,6 +208,7 @@ impl Net {
             max_over: i128::MIN,
             messages: 0,
             bytes: 0,
+            inbox: Message::default(),
         })
     }
 
@@ -295,10 +338,11 @@ impl Net {
         else {
             return;
         };
-        for out in ready.messages {
-            let bytes = wire::encode(&out.message);
+        // By reference: a message is a few hundred bytes, only its encoding travels.
+        for out in &ready.messages {
+            let (mut bytes, len) = self.flights.encode(&out.message);
             self.messages += 1;
-            self.bytes += bytes.len() as u64;
+            self.bytes += len as u64;
             if self.rng.next_f64() < self.net.loss {
                 continue;
             }
@@ -307,19 +351,25 @@ impl Net {
             } else {
                 1
             };
-            for _ in 0..copies {
+            for copy in 1..=copies {
                 let delay = if self.net.max_delay > 0 {
                     self.rng.below(self.net.max_delay + 1)
                 } else {
                     0
                 };
                 self.seq += 1;
+                // The last copy takes the buffer itself.
+                let bytes = if copy == copies {
+                    std::mem::replace(&mut bytes, Payload::Arena(0, 0))
+                } else {
+                    bytes.clone()
+                };
                 self.flights.push(Flight {
                     at: now + delay,
                     seq: self.seq,
                     from: id,
                     to: out.to,
-                    bytes: bytes.clone(),
+                    bytes,
                 });
             }
         }
@@ -346,8 +396,8 @@ impl Net {
                 continue;
             };
             // A message the wire cannot decode is dropped, as a real node drops it.
-            if let Ok(msg) = wire::decode(&f.bytes) {
-                node.handle_message(now, f.from, msg, &mut || rng.next_f64());
+            if wire::decode_into(self.flights.bytes(&f.bytes), &mut self.inbox).is_ok() {
+                node.handle_message_in(now, f.from, &mut self.inbox, &mut || rng.next_f64());
             }
             self.drain(f.to);
             self.touched(f.to);
