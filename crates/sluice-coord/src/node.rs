@@ -61,7 +61,7 @@
 //!   that are not are never counted for the dead node (only ignored where it folded the
 //!   link itself);
 //! * only the incarnation a dead node's ledger names for a link answers for it
-//!   ([`crate::wire::Ledger::neighbours`], [`crate::wire::SettleReply::first`]): a restarted
+//!   ([`crate::wire::Ledger::neighbours`], [`crate::wire::SettleReply::prior`]): a restarted
 //!   neighbour cannot vouch for its previous incarnation's counters, so that estate waits
 //!   (capacity lost, never counted twice); and the dead node is told it is dead as soon as
 //!   its heir starts settling it, so it does not hold other heirs' answers meanwhile.
@@ -218,6 +218,11 @@ pub struct Config {
     /// boot timestamp); incarnation 1 of an initial member holds its full initial share,
     /// later ones only their reservation.
     pub incarnation: u64,
+    /// The incarnation this one follows, when known exactly (a restart that persisted it):
+    /// lets a heir take this node's settlement answers for a dead node whose last ledger had
+    /// no live link with it (see [`crate::wire::SettleReply::prior`]). `None`: unknown (the
+    /// answers then wait for the link the ledger names). Incarnation 1 follows none.
+    pub previous_incarnation: Option<u64>,
     /// The initial members; they split the limit by the 1/N rule. A node not in the list
     /// joins with nothing.
     pub members: Vec<NodeId>,
@@ -270,6 +275,7 @@ impl Config {
         Self {
             id,
             incarnation: 1,
+            previous_incarnation: None,
             members,
             links,
             join_weight: 1.0,
@@ -654,9 +660,9 @@ pub struct Node {
     /// This incarnation may have forgotten counters of an earlier one (restart,
     /// reincarnation): it cannot vouch for links it has no record of.
     amnesiac: bool,
-    /// Our first incarnation, if this is it or came from it (no earlier one can have had
-    /// links we cannot vouch for): see [`wire::SettleReply::first`].
-    first_inc: Option<u64>,
+    /// The incarnation each of ours follows, where known exactly (0: none before it): see
+    /// [`wire::SettleReply::prior`].
+    priors: BTreeMap<u64, u64>,
     /// The current heir (the configured one until it leaves).
     heir: Option<NodeId>,
     outbox: Vec<Outgoing>,
@@ -736,7 +742,14 @@ impl Node {
             leave_started: None,
             heir: cfg.heir,
             amnesiac: cfg.incarnation > 1,
-            first_inc: (cfg.incarnation <= 1).then_some(cfg.incarnation),
+            priors: if cfg.incarnation <= 1 {
+                BTreeMap::from([(cfg.incarnation, 0)])
+            } else {
+                cfg.previous_incarnation
+                    .filter(|&p| p < cfg.incarnation)
+                    .map(|p| BTreeMap::from([(cfg.incarnation, p)]))
+                    .unwrap_or_default()
+            },
             ledger_version: 0,
             ledger_acked: 0,
             held: BTreeSet::new(),
@@ -1693,12 +1706,14 @@ impl Node {
             // A dead incarnation: tell it, if we are the heir that settled it or is settling
             // it. Telling it before its estate is in is safe (it only drops what it holds),
             // and needed: an estate may wait for ever (see `take_reply`), and the dead node
-            // must not hold settlement answers other heirs wait for meanwhile.
+            // must not hold settlement answers other heirs wait for meanwhile. But only once
+            // our heir holds the settlement (`announced`): if we die before that, our heir
+            // inherits a ledger that still lists the ward and revives it with its share
+            // (a succession notice) instead of losing it with us.
             if self.settled.get(&from).is_some_and(|&s| s >= msg.from_inc)
-                || self
-                    .settling
-                    .keys()
-                    .any(|&(n, i)| n == from && i >= msg.from_inc)
+                || self.settling.iter().any(|(&(n, i), st)| {
+                    n == from && i >= msg.from_inc && self.announced(st.version)
+                })
             {
                 // Sent with the next tick, not now: two nodes that each think the other dead
                 // must not ping-pong verdicts.
@@ -2115,7 +2130,7 @@ impl Node {
         };
         let floor = self.dead_floor.entry(dead).or_insert(0);
         *floor = (*floor).max(inc);
-        let first = self.first_inc == Some(replier_incarnation);
+        let prior = self.priors.get(&replier_incarnation).copied();
         let link = self.link_entry(heir, 0, false);
         link.replies
             .retain(|r| !(r.dead == dead && r.incarnation == inc));
@@ -2123,7 +2138,7 @@ impl Node {
             dead,
             incarnation: inc,
             replier_incarnation,
-            first,
+            prior,
             in_estate,
             entries,
         });
@@ -2134,8 +2149,9 @@ impl Node {
             return;
         };
         // Only the incarnation the dead node's live link was with (as of its last ledger)
-        // can answer for that link; with no live link, only a first incarnation (nothing
-        // earlier can have linked with it since). A later incarnation's answer leaves the
+        // can answer for that link; with no live link, only one that directly follows an
+        // incarnation the dead node folded (or a first one): nothing in between can have
+        // linked with it since. A later incarnation's answer leaves the
         // earlier link's counters out: if that incarnation had folded them into its base
         // (its heir counts them), the dead node's estate must count their other side, which
         // only it knew; counting nothing there counts the link's net twice. So wait: an
@@ -2150,7 +2166,11 @@ impl Node {
         let covers = if live != 0 {
             r.replier_incarnation == live
         } else {
-            r.first
+            match r.prior {
+                Some(0) => true,
+                Some(p) => s.ward.ledger.folded.contains(&(from, p)),
+                None => false,
+            }
         };
         // The dead node froze this very link itself and reported it folded into its base.
         let folded = s
@@ -2228,7 +2248,11 @@ impl Node {
         let covers = if live != 0 {
             live == by
         } else {
-            self.first_inc == Some(by)
+            match self.priors.get(&by) {
+                Some(0) => true,
+                Some(&p) => ward.ledger.folded.contains(&(me, p)),
+                None => false,
+            }
         };
         let in_estate = rec.is_none_or(|r| {
             r.by_inc == self.inc
@@ -2361,7 +2385,9 @@ impl Node {
         if let Some(v) = version.filter(|_| dead == self.inc) {
             self.estate_versions.insert(self.inc, v);
         }
+        let old = self.inc;
         self.inc = dead.max(self.inc) + 1;
+        self.priors.insert(self.inc, old);
         let member = self.cfg.members.contains(&self.cfg.id);
         self.holdings = if member {
             vec![Holding {

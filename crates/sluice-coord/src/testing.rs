@@ -368,9 +368,12 @@ impl Cluster {
                 if let Some(s) = self.slots.get_mut(&id)
                     && s.node.is_none()
                 {
+                    // A restart that persisted its incarnation knows the one it follows.
+                    let previous = s.incarnation;
                     s.incarnation += 1;
                     let mut cfg = s.cfg.clone();
                     cfg.incarnation = s.incarnation;
+                    cfg.previous_incarnation = Some(previous);
                     s.node = Node::new(cfg, local).ok();
                     if let Some(n) = s.node.as_mut() {
                         for (&k, &r) in &s.demand {

@@ -57,7 +57,7 @@ pub struct Ledger {
     pub bases: Vec<(Key, i64)>,
     /// The sender's neighbours (whom the heir asks to settle), each with the incarnation its
     /// live link is with (0: none). Only that incarnation's answer covers the link: a later
-    /// one cannot vouch for the counters of the one before (see [`SettleReply::first`]).
+    /// one cannot vouch for the counters of the one before (see [`SettleReply::prior`]).
     pub neighbours: Vec<(NodeId, u64)>,
     /// The sender's own wards (they need a new heir if the sender dies).
     pub wards: Vec<NodeId>,
@@ -104,10 +104,12 @@ pub struct SettleReply {
     /// reincarnated after freezing the link. The heir needs it to tell whether the dead node
     /// already folded this very link into its base (`Ledger::folded`).
     pub replier_incarnation: u64,
-    /// The replier incarnation is the replier's first: no earlier one of it can have had a
-    /// link with the dead node. The heir takes an answer for a neighbour the dead node had no
-    /// live link with (as of its last ledger) only then.
-    pub first: bool,
+    /// The incarnation the replier incarnation directly follows, when the replier knows it
+    /// exactly (`Some(0)`: it is the first). For a neighbour the dead node had no live link
+    /// with (as of its last ledger), the heir takes the answer only if the dead node folded
+    /// its link with that previous incarnation (or there was none): then no incarnation in
+    /// between can have exchanged capacity with it.
+    pub prior: Option<u64>,
     /// The replier's side of this link is in its own accounts: folded into a ledger its
     /// heir holds, or it is alive and keeps it. `false` from a reincarnated replier whose
     /// old incarnation froze the link after the ledger its heir settled it with (or that
@@ -341,7 +343,10 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         put(out, u64::from(r.dead));
         put(out, r.incarnation);
         put(out, r.replier_incarnation);
-        out.push(u8::from(r.first) | (u8::from(r.in_estate) << 1));
+        out.push(u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1));
+        if let Some(p) = r.prior {
+            put(out, p);
+        }
         put(out, r.entries.len() as u64);
         for &(k, f, s) in &r.entries {
             put(out, k);
@@ -521,7 +526,8 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         if flags > 3 {
             return Err(WireError::Tag { tag: flags, at });
         }
-        let (first, in_estate) = (flags & 1 == 1, flags & 2 == 2);
+        let in_estate = flags & 2 == 2;
+        let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
         let m = r.count(3)?;
         let mut entries = Vec::with_capacity(m);
         for _ in 0..m {
@@ -531,7 +537,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
             dead,
             incarnation,
             replier_incarnation,
-            first,
+            prior,
             in_estate,
             entries,
         });
@@ -712,7 +718,7 @@ mod tests {
                 dead: 6,
                 incarnation: 1,
                 replier_incarnation: 2,
-                first: true,
+                prior: Some(1),
                 in_estate: false,
                 entries: vec![(1, 10, 20)],
             }],

@@ -167,6 +167,11 @@ proptest! {
     /// ≤ L and Σ enforced ≤ L for every key after every cycle (seed 003 §IV). Once every key
     /// has been idle long enough, every node holds no key state at all, and every key is back
     /// at its static split exactly (nothing lost, nothing counted twice).
+    ///
+    /// KNOWN GAP (liveness of reclamation, not conservation): `PROPTEST_RNG_SEED=6001
+    /// PROPTEST_CASES=300` finds a 3-ring without loss, one wave of demand at node 0 on 3 keys
+    /// (`waves = [(0, 3, 3.1446957847169594, 1)]`), where node 1 still holds one key's state
+    /// at the end (Σ own = L holds). Present since reclamation landed; not fixed yet.
     #[test]
     fn idle_keys_are_reclaimed_and_conserve(
         n in 3u32..6, dense in any::<bool>(), loss in 0.0f64..0.3, dup in 0.0f64..0.2,
@@ -440,15 +445,15 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u32>(),
         any::<u64>(),
         any::<u64>(),
-        (any::<bool>(), any::<bool>()),
+        (prop::option::of(any::<u64>()), any::<bool>()),
         prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..3),
     )
         .prop_map(
-            |(dead, incarnation, replier_incarnation, (first, in_estate), entries)| SettleReply {
+            |(dead, incarnation, replier_incarnation, (prior, in_estate), entries)| SettleReply {
                 dead,
                 incarnation,
                 replier_incarnation,
-                first,
+                prior,
                 in_estate,
                 entries,
             },

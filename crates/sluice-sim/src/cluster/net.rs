@@ -278,9 +278,12 @@ impl Net {
         if let Some(s) = self.slots.get_mut(id as usize)
             && s.node.is_none()
         {
+            // A restart that persisted its incarnation knows the one it follows.
+            let previous = s.incarnation;
             s.incarnation += 1;
             let mut cfg = s.cfg.clone();
             cfg.incarnation = s.incarnation;
+            cfg.previous_incarnation = Some(previous);
             s.node = Node::new(cfg, now).ok();
             if let (Some(n), Some(key), Some(r)) = (s.node.as_mut(), self.key, s.demand) {
                 n.set_demand(now, key, r);
