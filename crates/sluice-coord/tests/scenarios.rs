@@ -589,6 +589,19 @@ impl DirectedNet {
     fn sum_enforced(&self, key: u64) -> u64 {
         self.nodes.iter().map(|n| n.enforced(key, self.now)).sum()
     }
+
+    /// The cluster is live: every lease valid, every share (`own` in all) enforced.
+    fn assert_live(&self, own: u64) {
+        for node in &self.nodes {
+            assert_eq!(
+                node.lease_state(self.now),
+                sluice_coord::node::LeaseState::Valid,
+                "node {}",
+                node.id()
+            );
+        }
+        assert_eq!(self.sum_enforced(KEY), own);
+    }
 }
 
 #[test]
@@ -667,15 +680,7 @@ fn chained_settlement_across_a_group_cut_counts_nothing_twice() {
     // counted twice, little lost.
     assert!(own >= limit - limit / 100, "Σ own {own}");
     // And the cluster is live again: every lease is valid, every share enforced.
-    for node in &net.nodes {
-        assert_eq!(
-            node.lease_state(net.now),
-            sluice_coord::node::LeaseState::Valid,
-            "node {}",
-            node.id()
-        );
-    }
-    assert_eq!(net.sum_enforced(KEY), own);
+    net.assert_live(own);
 }
 
 #[test]
@@ -840,13 +845,5 @@ fn a_later_incarnation_cannot_answer_for_the_link_of_an_earlier_one() {
     // What is lost is node 2's share (about 120,000 units), nothing more.
     assert!(own >= limit - 130_000, "Σ own {own}");
     assert_eq!(net.nodes[2].incarnation(), 2, "node 2 was told");
-    for node in &net.nodes {
-        assert_eq!(
-            node.lease_state(net.now),
-            sluice_coord::node::LeaseState::Valid,
-            "node {}",
-            node.id()
-        );
-    }
-    assert_eq!(net.sum_enforced(KEY), own);
+    net.assert_live(own);
 }
