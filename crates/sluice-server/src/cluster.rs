@@ -100,6 +100,11 @@ pub struct ClusterSpec {
     /// A key with no demand for this long gives its capacity back and its state is dropped
     /// (`sluice_coord` "Idle keys"); it comes back from the static split.
     pub idle_after: Duration,
+    /// Where the incarnation is kept across restarts (`sluice serve --state-file`). It is
+    /// rewritten whenever this node comes back as a new incarnation while running (declared
+    /// dead by its heir), so that the next start comes back above every incarnation it has
+    /// used: a restart that reused one would be taken for a node its peers already settled.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl ClusterSpec {
@@ -117,8 +122,20 @@ impl ClusterSpec {
             fallback: Fallback::None,
             incarnation: 1,
             idle_after: Duration::from_secs(30),
+            state_file: None,
         }
     }
+}
+
+/// Writes `incarnation` to `path` atomically (a temporary file renamed over it), as
+/// `sluice serve --state-file` reads it at start.
+///
+/// # Errors
+/// The I/O error if the file cannot be written.
+pub fn persist_incarnation(path: &std::path::Path, incarnation: u64) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{incarnation}\n"))?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Why a cluster cannot start or stopped.
@@ -162,6 +179,8 @@ pub struct Cluster<T: Transport = UdpSocket> {
     guard: u64,
     /// `Some` for `gamma: auto`: what γ* is computed from.
     auto: Option<AutoGamma>,
+    /// See [`ClusterSpec::state_file`].
+    state_file: Option<std::path::PathBuf>,
 }
 
 /// What `gamma: auto` needs to recompute γ* when membership changes.
@@ -185,6 +204,8 @@ struct Driven {
     gamma_auto: Option<f64>,
     /// When the lease ends, if it is running (this node's clock, guard included).
     expiry: Option<u64>,
+    /// The incarnation last written to the state file.
+    persisted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -382,6 +403,7 @@ impl<T: Transport> Cluster<T> {
                 live: members.iter().copied().collect(),
                 gamma_auto,
                 expiry: None,
+                persisted: spec.incarnation,
             }),
             shares,
             socket,
@@ -393,6 +415,7 @@ impl<T: Transport> Cluster<T> {
             cycle: spec.cycle,
             guard,
             auto,
+            state_file: spec.state_file.clone(),
         }))
     }
 
@@ -675,6 +698,22 @@ impl<T: Transport> Cluster<T> {
             d.rules.remove(&key);
         }
         d.expiry = lease_end(node, ahead);
+        let inc = node.incarnation();
+        if inc > d.persisted
+            && let Some(path) = &self.state_file
+        {
+            // A blocking write under the lock: it happens once per reincarnation (rare), and
+            // the new incarnation must be on disk before its messages leave.
+            match persist_incarnation(path, inc) {
+                Ok(()) => d.persisted = inc,
+                Err(e) => tracing::warn!(
+                    path = %path.display(),
+                    incarnation = inc,
+                    error = %e,
+                    "cannot record the new incarnation: restart with a larger --incarnation"
+                ),
+            }
+        }
         let mut out = Vec::with_capacity(ready.messages.len());
         for m in ready.messages {
             let Some(p) = self.peers.get(&m.to) else {

@@ -147,6 +147,14 @@ struct Net<'a> {
     ctl: Vec<Rc<Ctl>>,
     loss: Arc<Mutex<Loss>>,
     crashed: BTreeSet<usize>,
+    /// Each node's state file (`--state-file`): the daemon records reincarnations there.
+    state_dir: std::path::PathBuf,
+}
+
+impl Drop for Net<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
 }
 
 /// What every running engine enforces for the key now, capacity units (`None`: crashed).
@@ -203,6 +211,13 @@ impl<'a> Net<'a> {
         }));
         let peer_key = PeerKey::from_text("partition-test-key-0123456789abcdef").unwrap();
         let mut ctl = Vec::new();
+        static NETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let state_dir = std::env::temp_dir().join(format!(
+            "sluice-partition-{}-{}",
+            std::process::id(),
+            NETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&state_dir).unwrap();
         for i in 0..n {
             let peers = (0..n)
                 .filter(|&j| j != i)
@@ -216,6 +231,7 @@ impl<'a> Net<'a> {
             spec.cycle = CYCLE;
             spec.lease = LEASE;
             spec.fallback = fallback;
+            spec.state_file = Some(state_dir.join(format!("node{i}")));
             let c = Rc::new(Ctl::default());
             ctl.push(c.clone());
             let (me, loss) = (ips[i], loss.clone());
@@ -255,7 +271,15 @@ impl<'a> Net<'a> {
             ctl,
             loss,
             crashed: BTreeSet::new(),
+            state_dir,
         }
+    }
+
+    /// The incarnation node `i` last recorded in its state file.
+    fn persisted(&self, i: usize) -> Option<u64> {
+        std::fs::read_to_string(self.state_dir.join(format!("node{i}")))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
     }
 
     fn set_rates(&self, rates: &[f64]) {
@@ -484,6 +508,8 @@ fn minority_partition_strict(fallback: Fallback, reserved: f64) -> (Duration, Du
     let dip = lowest(&after[after.len() / 2..]);
     // The minority came back as a new incarnation (pitfall (c)): it was declared dead.
     assert!(net.status(0).incarnation > 1, "{:?}", net.status(0));
+    // And recorded it, so a restart comes back above it (`--state-file`).
+    assert_eq!(net.persisted(0), Some(net.status(0).incarnation));
     eprintln!(
         "{fallback:?}: heir side holds L - reservation {inherited:?} after the cut; sum at L \
          {back:?} and shares following demand {follows:?} after healing (lowest single \

@@ -142,9 +142,7 @@ fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
     let next = last + 1;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{next}\n"))
-        .and_then(|()| std::fs::rename(&tmp, path))
+    sluice_server::cluster::persist_incarnation(path, next)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(next)
 }
@@ -193,6 +191,8 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.fallback = parse_fallback(&args.fallback)?;
+    // The daemon rewrites the file when the node reincarnates while running.
+    spec.state_file = args.state_file.clone();
     spec.incarnation = match &args.state_file {
         Some(p) => next_incarnation(p)?,
         None => args.incarnation,
