@@ -478,7 +478,7 @@ impl LinkKey {
 ///
 /// The parts go straight to `out` (the outbox), addressed to `to`: one send is one message
 /// nearly always, and a vector per send for it was a measurable share of a large run.
-fn split(head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
+fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
     // Room for the key count's varint growing from 1 byte to at most 5.
     const COUNT_SLACK: usize = 4;
     let entries: usize = keys.iter().map(wire::key_entry_len).sum();
@@ -490,6 +490,8 @@ fn split(head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut V
         });
         return;
     }
+    // No part holds every key: a key missing from one says nothing about the sender.
+    head.all_keys = false;
     let rest = Message {
         dead_verdict: 0,
         ledger: None,
@@ -1633,6 +1635,7 @@ impl Node {
             echo: link.echo,
             lifecycle: self.lifecycle,
             to_heir,
+            all_keys: link.neighbour,
             dead_verdict,
             verdict_version: self.settled_with.get(&(to, dead_verdict)).copied(),
             ledger,
@@ -1904,6 +1907,19 @@ impl Node {
         }
         if !stale {
             self.match_retirements(from, msg);
+        }
+        // A key the neighbour sent no entry for in a message that holds all its keys has no
+        // state there: idle on its side ("Idle keys"). A neighbour that dropped the key
+        // sends nothing more about it, so without this our side would wait for ever for an
+        // entry saying it is idle (found by `idle_keys_are_reclaimed_and_conserve`).
+        if fresh && msg.all_keys && !stale {
+            for (k, ks) in &mut self.keys {
+                if let Some(lk) = ks.links.get_mut(&from)
+                    && msg.keys.binary_search_by_key(k, |e| e.key).is_err()
+                {
+                    lk.peer_idle = true;
+                }
+            }
         }
         // Seed 004: news is answered at once where tokens allow. A reply to the sender, a
         // relay gift to whoever asked (so capacity crosses several hops within one cycle),

@@ -136,6 +136,10 @@ pub struct Message {
     pub lifecycle: Lifecycle,
     /// The sender names the receiver its heir (and `ledger` is set).
     pub to_heir: bool,
+    /// `keys` holds every key the sender has state for (a send that was not split): a key
+    /// missing from it has no state at the sender, which is idle there (see [`crate::node`]
+    /// "Idle keys": a neighbour that dropped a key sends no more entries saying it is idle).
+    pub all_keys: bool,
     /// From an heir: "your incarnation N was declared dead and inherited" (0: none).
     pub dead_verdict: u64,
     /// With `dead_verdict`: the version of that incarnation's ledger the heir settles it
@@ -178,6 +182,7 @@ impl Default for Message {
             echo: 0,
             lifecycle: Lifecycle::Joining,
             to_heir: false,
+            all_keys: false,
             dead_verdict: 0,
             verdict_version: None,
             ledger: None,
@@ -288,7 +293,11 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         Lifecycle::Leaving => 2,
         Lifecycle::Left => 3,
     };
-    out.push(life | (u8::from(m.to_heir) << 2) | (u8::from(m.ledger.is_some()) << 3));
+    out.push(
+        life | (u8::from(m.to_heir) << 2)
+            | (u8::from(m.ledger.is_some()) << 3)
+            | (u8::from(m.all_keys) << 4),
+    );
     if let Some(l) = &m.ledger {
         put(out, l.version);
         put(out, l.holdings.len() as u64);
@@ -406,7 +415,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let ledger_ack = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags >> 4 != 0 {
+    if flags >> 5 != 0 {
         return Err(WireError::Tag { tag: flags, at });
     }
     let lifecycle = match flags & 3 {
@@ -416,6 +425,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         _ => Lifecycle::Left,
     };
     let to_heir = flags & 4 != 0;
+    let all_keys = flags & 16 != 0;
     let ledger = if flags & 8 != 0 {
         let version = r.var()?;
         let n = r.count(2)?;
@@ -573,6 +583,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         echo,
         lifecycle,
         to_heir,
+        all_keys,
         dead_verdict,
         verdict_version,
         ledger,

@@ -167,11 +167,9 @@ proptest! {
     /// ≤ L and Σ enforced ≤ L for every key after every cycle (seed 003 §IV). Once every key
     /// has been idle long enough, every node holds no key state at all, and every key is back
     /// at its static split exactly (nothing lost, nothing counted twice).
-    ///
-    /// KNOWN GAP (liveness of reclamation, not conservation): `PROPTEST_RNG_SEED=6001
-    /// PROPTEST_CASES=300` finds a 3-ring without loss, one wave of demand at node 0 on 3 keys
-    /// (`waves = [(0, 3, 3.1446957847169594, 1)]`), where node 1 still holds one key's state
-    /// at the end (Σ own = L holds). Present since reclamation landed; not fixed yet.
+    /// A random seed found a 3-ring without loss, one wave at node 0, where node 0 dropped
+    /// the key before telling its neighbours it was idle and they kept it for ever; fixed by
+    /// `Message::all_keys` (saved in `properties.proptest-regressions`).
     #[test]
     fn idle_keys_are_reclaimed_and_conserve(
         n in 3u32..6, dense in any::<bool>(), loss in 0.0f64..0.3, dup in 0.0f64..0.2,
@@ -474,7 +472,7 @@ fn message() -> impl Strategy<Value = Message> {
             prop::option::of(0..u64::MAX),
         ),
         life,
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
         prop::option::of(ledger),
         prop::collection::vec(entry, 0..6),
         prop::collection::vec((any::<u32>(), any::<u64>()), 0..3),
@@ -491,7 +489,7 @@ fn message() -> impl Strategy<Value = Message> {
             |(
                 (from_inc, to_inc, sent_at, echo, dead_verdict, verdict_version),
                 lifecycle,
-                to_heir,
+                (to_heir, all_keys),
                 ledger,
                 keys,
                 settle_requests,
@@ -507,6 +505,7 @@ fn message() -> impl Strategy<Value = Message> {
                     echo,
                     lifecycle,
                     to_heir,
+                    all_keys,
                     dead_verdict,
                     verdict_version,
                     ledger,
