@@ -86,7 +86,9 @@
 //! 3. *Drop.* A quiet key whose base is the default, whose links are all zero and settled,
 //!    and whose neighbours are all quiet, holds exactly what no state says: it is dropped
 //!    and reported in [`Ready::reclaimed`]. A key that comes back starts from the static
-//!    split. A neighbour's entry for a quiet key with zero counters creates no state.
+//!    split. A neighbour's entry for a quiet key with zero counters creates no state. A
+//!    message holding all its sender's keys ([`wire::Message::all_keys`]) marks the keys it
+//!    lacks as idle there: a neighbour that dropped a key sends nothing more about it.
 //!
 //! Limits: a key whose base an inheritance changed is kept (its share is no longer the
 //! static split); flows that went round a cycle of nodes that hold no base (joiners,
@@ -2700,8 +2702,10 @@ mod small_map {
                         0 => prop_assert_eq!(s.insert(k, v), b.insert(k, v)),
                         1 => prop_assert_eq!(s.remove(&k), b.remove(&k)),
                         2 => {
-                            *s.entry(k).or_default() += 1;
-                            *b.entry(k).or_default() += 1;
+                            let x = s.entry(k).or_default();
+                            *x = x.wrapping_add(1);
+                            let y = b.entry(k).or_default();
+                            *y = y.wrapping_add(1);
                         }
                         3 => {
                             if let (Some(x), Some(y)) = (s.get_mut(&k), b.get_mut(&k)) {
