@@ -92,11 +92,18 @@ impl AlgorithmKind {
         "warm-up",
     ];
 
+    /// This kind's position in [`AlgorithmKind::ALL`] (and [`AlgorithmKind::NAMES`]): an
+    /// index for tables with one entry per kind.
+    #[must_use]
+    pub const fn index(self) -> usize {
+        // `ALL` lists the variants in declaration order (checked by a test).
+        self as usize
+    }
+
     /// The name of this kind (what [`fmt::Display`] prints and [`FromStr`] reads).
     #[must_use]
     pub fn name(self) -> &'static str {
-        let i = Self::ALL.iter().position(|&k| k == self).unwrap_or(0);
-        Self::NAMES[i]
+        Self::NAMES[self.index()]
     }
 }
 
@@ -255,6 +262,13 @@ impl Algorithm for AnyAlgorithm {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn index_is_the_position_in_all() {
+        for (i, k) in super::AlgorithmKind::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i, "{k}");
+        }
+    }
+
     use super::*;
 
     #[test]

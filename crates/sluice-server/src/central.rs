@@ -338,10 +338,7 @@ impl Central {
         now: Nanos,
         cost: u64,
     ) -> Decision {
-        let index = AlgorithmKind::ALL
-            .iter()
-            .position(|&k| k == algorithm)
-            .unwrap_or(0);
+        let index = algorithm.index();
         let Some(alg) = self.algorithms.get(index) else {
             return Decision::deny(limit.count(), 0, limit.period(), None);
         };

@@ -377,13 +377,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn kind_index(kind: AlgorithmKind) -> usize {
-    AlgorithmKind::ALL
-        .iter()
-        .position(|&k| k == kind)
-        .unwrap_or(0)
-}
-
 impl Engine {
     /// An engine with no counted key, deciding under `config`.
     #[must_use]
@@ -806,7 +799,7 @@ impl Engine {
             },
             _ => limit,
         };
-        let store = &self.stores[kind_index(rule.algorithm)];
+        let store = &self.stores[rule.algorithm.index()];
         let key = CounterView {
             domain,
             descriptor: d,

@@ -249,10 +249,7 @@ impl TokenServer {
                 serving_in: self.serving_from - now,
             };
         }
-        let index = AlgorithmKind::ALL
-            .iter()
-            .position(|&k| k == kind)
-            .unwrap_or(0);
+        let index = kind.index();
         let Some(alg) = self.algorithms.get(index) else {
             return Reply::Standby;
         };
@@ -316,10 +313,7 @@ impl TokenServer {
         let before = self.states.len();
         let algorithms = &self.algorithms;
         self.states.retain(|(_, kind), s| {
-            let index = AlgorithmKind::ALL
-                .iter()
-                .position(|k| k == kind)
-                .unwrap_or(0);
+            let index = kind.index();
             algorithms
                 .get(index)
                 .is_some_and(|a| !a.is_idle(&s.state, &s.limit, now))
@@ -1074,10 +1068,7 @@ impl TokenClient {
             return (d, Source::Central);
         }
         self.local_decisions.fetch_add(1, Ordering::Relaxed);
-        let index = AlgorithmKind::ALL
-            .iter()
-            .position(|&k| k == kind)
-            .unwrap_or(0);
+        let index = kind.index();
         let d = match self.algorithms.get(index) {
             Some(alg) => self
                 .local
