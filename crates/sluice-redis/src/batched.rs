@@ -51,13 +51,8 @@ struct Lease {
     left: u64,
     /// The batch may be used before this time only.
     expires: Nanos,
-    /// Permits given out since `since`, for the rate.
-    used: u64,
-    since: Nanos,
-    /// Estimated consumption, permits per ns (0: unknown yet).
-    rate: f64,
-    /// Size of the last batch asked for (slow start while the rate is unknown).
-    last_batch: u64,
+    /// How fast this node uses the key's permits, and the last batch asked for.
+    rate: ConsumptionRate,
     /// What Redis said was left after the last batch (None: not asked yet).
     central_left: Option<u64>,
     /// Redis refused a batch: requests the lease cannot serve are refused here until then
@@ -186,7 +181,7 @@ impl BatchedStore {
     /// Gives `cost` permits out of the lease and updates the rate.
     fn take(&self, lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         lease.left -= cost;
-        lease.used += cost;
+        lease.rate.used(cost);
         Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
     }
 
@@ -195,30 +190,14 @@ impl BatchedStore {
     /// cost (minus what the lease still holds). Until a rate is measured (one horizon of
     /// use), each batch doubles the last, from 1.
     fn batch_size(&self, lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> u64 {
-        let elapsed = now.saturating_sub(lease.since);
-        if lease.since == 0 && lease.used == 0 {
-            lease.since = now;
-        } else if elapsed >= self.config.horizon && elapsed > 0 {
-            let r = lease.used as f64 / elapsed as f64;
-            let a = self.config.smoothing;
-            lease.rate = if lease.rate == 0.0 {
-                r
-            } else {
-                a * r + (1.0 - a) * lease.rate
-            };
-            lease.used = 0;
-            lease.since = now;
-        }
-        let by_rate = if lease.rate > 0.0 {
-            (lease.rate * self.config.horizon as f64).ceil() as u64
-        } else {
-            lease.last_batch.saturating_mul(2).max(1)
-        };
+        let by_rate = lease
+            .rate
+            .batch(now, self.config.horizon, self.config.smoothing);
         let left = lease.central_left.unwrap_or(limit.count());
         let by_share = (left as f64 * self.config.share_of_remaining).floor() as u64;
         let need = cost - lease.left;
         let size = by_rate.min(self.config.max_batch).min(by_share).max(need);
-        lease.last_batch = size;
+        lease.rate.asked(size);
         size
     }
 }
@@ -233,5 +212,84 @@ impl Backend for BatchedStore {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         BatchedStore::check(self, alg, key, limit, now, cost)
+    }
+}
+
+/// How fast a node uses a key's permits, measured over horizons and smoothed, to size the
+/// next batch it asks a central store for (the Redis batched mode, and the token server's
+/// leases: seed 002 §4.4(5), quota pre-allocation sized by consumption).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConsumptionRate {
+    /// Permits used since `since`.
+    used: u64,
+    since: Nanos,
+    /// Permits per ns (0: not measured yet).
+    rate: f64,
+    /// The last batch asked for (slow start while the rate is unknown).
+    last: u64,
+}
+
+impl ConsumptionRate {
+    /// Counts `n` permits used.
+    pub fn used(&mut self, n: u64) {
+        self.used += n;
+    }
+
+    /// When the current measurement started (0: never used).
+    #[must_use]
+    pub fn since(&self) -> Nanos {
+        self.since
+    }
+
+    /// Permits that cover `horizon` at the measured rate (each horizon of use folds a new
+    /// measurement in with weight `smoothing`); until a rate is measured, twice the last
+    /// batch, from 1.
+    pub fn batch(&mut self, now: Nanos, horizon: Nanos, smoothing: f64) -> u64 {
+        let elapsed = now.saturating_sub(self.since);
+        if self.since == 0 && self.used == 0 {
+            self.since = now;
+        } else if elapsed >= horizon && elapsed > 0 {
+            let r = self.used as f64 / elapsed as f64;
+            self.rate = if self.rate == 0.0 {
+                r
+            } else {
+                smoothing * r + (1.0 - smoothing) * self.rate
+            };
+            self.used = 0;
+            self.since = now;
+        }
+        if self.rate > 0.0 {
+            (self.rate * horizon as f64).ceil() as u64
+        } else {
+            self.last.saturating_mul(2).max(1)
+        }
+    }
+
+    /// Records the size of the batch actually asked for.
+    pub fn asked(&mut self, size: u64) {
+        self.last = size;
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::ConsumptionRate;
+
+    #[test]
+    fn slow_start_doubles_then_the_measured_rate_sizes_the_batch() {
+        let mut r = ConsumptionRate::default();
+        // Unknown rate: 1, then twice the last batch asked for.
+        assert_eq!(r.batch(10, 100, 0.5), 1);
+        r.asked(1);
+        assert_eq!(r.batch(20, 100, 0.5), 2);
+        r.asked(2);
+        assert_eq!(r.batch(30, 100, 0.5), 4);
+        // 50 permits over one horizon (100 ns from the start at 10): 0.5 per ns → 50.
+        r.used(50);
+        assert_eq!(r.batch(110, 100, 0.5), 50);
+        assert_eq!(r.since(), 110);
+        // Next horizon 150 permits (1.5 per ns), smoothed by half: 1.0 per ns → 100.
+        r.used(150);
+        assert_eq!(r.batch(210, 100, 0.5), 100);
     }
 }

@@ -71,7 +71,7 @@ mod script;
 mod store;
 
 pub use backend::{Backend, MemoryStore};
-pub use batched::{BatchConfig, BatchedStore};
+pub use batched::{BatchConfig, BatchedStore, ConsumptionRate};
 pub use error::Error;
 pub use fallback::{FallbackConfig, FallbackLimiter, Mode, Outcome, Share, Source, Transition};
 pub use script::{TimeSource, check_limit};

@@ -62,7 +62,7 @@ use hyper_util::rt::TokioIo;
 use sluice_limits::{
     Algorithm, AlgorithmKind, AnyAlgorithm, AnyState, Decision, Limit, Nanos, Options,
 };
-use sluice_redis::{MemoryStore, Share, Source};
+use sluice_redis::{ConsumptionRate, MemoryStore, Share, Source};
 
 use crate::peer::{PeerKey, open, seal};
 
@@ -349,10 +349,7 @@ impl Default for LeaseConfig {
 struct Lease {
     left: u64,
     expires: Nanos,
-    used: u64,
-    since: Nanos,
-    rate: f64,
-    last_want: u64,
+    rate: ConsumptionRate,
     refused_until: Nanos,
 }
 
@@ -404,28 +401,9 @@ impl LeaseBook {
             let wait = lease.refused_until - now;
             return Local::Decided(Decision::deny(limit.count(), lease.left, wait, Some(wait)));
         }
-        // The rate: permits used per ns, smoothed over horizons.
-        let elapsed = now.saturating_sub(lease.since);
-        if lease.since == 0 && lease.used == 0 {
-            lease.since = now;
-        } else if elapsed >= horizon && elapsed > 0 {
-            let r = lease.used as f64 / elapsed as f64;
-            lease.rate = if lease.rate == 0.0 {
-                r
-            } else {
-                smoothing * r + (1.0 - smoothing) * lease.rate
-            };
-            lease.used = 0;
-            lease.since = now;
-        }
-        let by_rate = if lease.rate > 0.0 {
-            (lease.rate * horizon as f64).ceil() as u64
-        } else {
-            // Slow start while the rate is unknown.
-            lease.last_want.saturating_mul(2).max(1)
-        };
+        let by_rate = lease.rate.batch(now, horizon, smoothing);
         let want = by_rate.max(cost - lease.left);
-        lease.last_want = want;
+        lease.rate.asked(want);
         Local::Ask(want)
     }
 
@@ -503,14 +481,14 @@ impl LeaseBook {
     /// Forgets leases idle since before `now - keep`.
     pub fn retain(&mut self, now: Nanos, keep: Nanos) {
         self.leases.retain(|_, l| {
-            now < l.expires.saturating_add(keep) || now < l.since.saturating_add(keep)
+            now < l.expires.saturating_add(keep) || now < l.rate.since().saturating_add(keep)
         });
     }
 }
 
 fn take(lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     lease.left -= cost;
-    lease.used += cost;
+    lease.rate.used(cost);
     Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
 }
 
