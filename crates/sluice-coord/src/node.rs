@@ -1914,7 +1914,8 @@ impl Node {
         // state there: idle on its side ("Idle keys"). A neighbour that dropped the key
         // sends nothing more about it, so without this our side would wait for ever for an
         // entry saying it is idle (found by `idle_keys_are_reclaimed_and_conserve`).
-        if fresh && msg.all_keys && !stale {
+        // (Only reclamation reads `peer_idle`: without it, skip the walk over our keys.)
+        if fresh && msg.all_keys && !stale && self.cfg.idle_after.is_some() {
             for (k, ks) in &mut self.keys {
                 if let Some(lk) = ks.links.get_mut(&from)
                     && msg.keys.binary_search_by_key(k, |e| e.key).is_err()
