@@ -66,6 +66,23 @@ pub fn complete(n: u32) -> Vec<(NodeId, NodeId, f64)> {
         .collect()
 }
 
+/// A random connected graph on `n` nodes, weight 1: a random tree (each node `i > 0` linked
+/// to a random earlier one) plus every other pair with probability `extra`.
+#[must_use]
+pub fn random_connected(n: u32, extra: f64, rng: &mut Rng) -> Vec<(NodeId, NodeId, f64)> {
+    let mut edges: Vec<(NodeId, NodeId, f64)> = (1..n)
+        .map(|i| (rng.below(u64::from(i)) as NodeId, i, 1.0))
+        .collect();
+    for i in 0..n {
+        for j in i + 1..n {
+            if !edges.iter().any(|&(a, b, _)| a == i && b == j) && rng.next_f64() < extra {
+                edges.push((i, j, 1.0));
+            }
+        }
+    }
+    edges
+}
+
 /// Neighbours of `id` with weights.
 #[must_use]
 pub fn links_of(id: NodeId, edges: &[(NodeId, NodeId, f64)]) -> Vec<(NodeId, f64)> {

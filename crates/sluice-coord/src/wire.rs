@@ -9,8 +9,9 @@ pub type NodeId = u32;
 /// A dynamic limit key (a hashed IP, a tenant id).
 pub type Key = u64;
 
-/// 2: settlement replies name the replier's incarnation.
-const VERSION: u8 = 3;
+/// 2: settlement replies name the replier's incarnation. 3: ledger neighbours, verdict
+/// versions, `in_estate`. 4: late folds and their acknowledgements.
+const VERSION: u8 = 4;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +122,36 @@ pub struct SettleReply {
     pub entries: Vec<(Key, u64, u64)>,
 }
 
+/// From a reincarnated node to the heir that settled its dead incarnation: "that
+/// incarnation froze its link with `peer`'s incarnation `peer_incarnation` after the ledger
+/// you settled it with; here is its side of the link" (a *late fold*, see [`crate::node`],
+/// "Settlements across a multi-node cut"). Offered until acknowledged.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LateFold {
+    /// The sender's dead incarnation.
+    pub incarnation: u64,
+    /// The other end of the link.
+    pub peer: NodeId,
+    /// Its incarnation the link was with.
+    pub peer_incarnation: u64,
+    /// Per key: `(key, given to the peer, received from the peer)` when the link was frozen.
+    pub entries: Vec<(Key, u64, u64)>,
+}
+
+/// A heir's answer to a [`LateFold`]: taken into the estate (`accepted`) or not (the estate
+/// counted the peer's side of the link instead, or is already final).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LateAck {
+    /// The receiver's dead incarnation the offer was about.
+    pub incarnation: u64,
+    /// The other end of the link.
+    pub peer: NodeId,
+    /// Its incarnation.
+    pub peer_incarnation: u64,
+    /// Whether the estate holds the offered side of the link.
+    pub accepted: bool,
+}
+
 /// Everything one node tells a neighbour in one send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
@@ -169,6 +200,10 @@ pub struct Message {
     /// Confirmations: the sender reset its counters for these keys after an
     /// acknowledgement (it sends none older than this message any more).
     pub confirm: Vec<Key>,
+    /// Late folds offered to the heir that settled one of the sender's dead incarnations.
+    pub late_folds: Vec<LateFold>,
+    /// Answers to the receiver's late folds.
+    pub late_acks: Vec<LateAck>,
 }
 
 impl Default for Message {
@@ -194,6 +229,8 @@ impl Default for Message {
             retire: Vec::new(),
             retired: Vec::new(),
             confirm: Vec::new(),
+            late_folds: Vec::new(),
+            late_acks: Vec::new(),
         }
     }
 }
@@ -381,6 +418,25 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
     put(out, m.confirm.len() as u64);
     for &k in &m.confirm {
         put(out, k);
+    }
+    put(out, m.late_folds.len() as u64);
+    for f in &m.late_folds {
+        put(out, f.incarnation);
+        put(out, u64::from(f.peer));
+        put(out, f.peer_incarnation);
+        put(out, f.entries.len() as u64);
+        for &(k, g, s) in &f.entries {
+            put(out, k);
+            put(out, g);
+            put(out, s);
+        }
+    }
+    put(out, m.late_acks.len() as u64);
+    for a in &m.late_acks {
+        put(out, a.incarnation);
+        put(out, u64::from(a.peer));
+        put(out, a.peer_incarnation);
+        out.push(u8::from(a.accepted));
     }
 }
 
@@ -573,6 +629,43 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     for _ in 0..n {
         confirm.push(r.var()?);
     }
+    let n = r.count(4)?;
+    let mut late_folds = Vec::with_capacity(n);
+    for _ in 0..n {
+        let incarnation = r.var()?;
+        let peer = r.id()?;
+        let peer_incarnation = r.var()?;
+        let m = r.count(3)?;
+        let mut entries = Vec::with_capacity(m);
+        for _ in 0..m {
+            entries.push((r.var()?, r.var()?, r.var()?));
+        }
+        late_folds.push(LateFold {
+            incarnation,
+            peer,
+            peer_incarnation,
+            entries,
+        });
+    }
+    let n = r.count(4)?;
+    let mut late_acks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let incarnation = r.var()?;
+        let peer = r.id()?;
+        let peer_incarnation = r.var()?;
+        let at = r.at;
+        let accepted = match r.byte()? {
+            0 => false,
+            1 => true,
+            tag => return Err(WireError::Tag { tag, at }),
+        };
+        late_acks.push(LateAck {
+            incarnation,
+            peer,
+            peer_incarnation,
+            accepted,
+        });
+    }
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
     }
@@ -595,6 +688,8 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         retire,
         retired,
         confirm,
+        late_folds,
+        late_acks,
     };
     Ok(())
 }
@@ -739,6 +834,18 @@ mod tests {
             retire: vec![(1, 5)],
             retired: vec![(2, 77)],
             confirm: vec![3],
+            late_folds: vec![LateFold {
+                incarnation: 1,
+                peer: 4,
+                peer_incarnation: 2,
+                entries: vec![(1, 30, 7)],
+            }],
+            late_acks: vec![LateAck {
+                incarnation: 3,
+                peer: 5,
+                peer_incarnation: 1,
+                accepted: true,
+            }],
             ..Message::default()
         }
     }

@@ -5,9 +5,10 @@ use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use sluice_coord::law::jfi;
 use sluice_coord::node::{Config, Fallback};
-use sluice_coord::testing::{Cluster, NetConfig, Step, complete, ring};
+use sluice_coord::testing::{Cluster, NetConfig, Rng, Step, complete, random_connected, ring};
 use sluice_coord::wire::{
-    self, Holding, KeyEntry, Ledger, Lifecycle, Message, NodeId, Part, SettleReply,
+    self, Holding, KeyEntry, LateAck, LateFold, Ledger, Lifecycle, Message, NodeId, Part,
+    SettleReply,
 };
 
 const CYCLE: u64 = 100_000_000;
@@ -54,6 +55,13 @@ fn event(crashes: bool, partitions: bool) -> impl Strategy<Value = Event> {
     prop_oneof![run, demand, crash, cut]
 }
 
+/// Up to this message loss, a run with crashes and partitions must end exact once healed
+/// (Σ own = Σ enforced = L, JFI ≥ 0.99); above it only safety is asserted. Why: at 40–50 %
+/// loss a settlement can still lose capacity (never count it twice), e.g. a heir that
+/// inherited after the last ledger its own heir holds and then dies with that inheritance;
+/// random sweeps find it in about 1 case in 600 (see docs/PROTOCOL.md, "Known limits").
+const EXACT_LOSS: f64 = 0.3;
+
 /// The cases of every property here come from a fixed seed, so CI runs the same cases
 /// each time; `PROPTEST_RNG_SEED=N` explores others (and `PROPTEST_CASES=N` runs more).
 /// Why: the exactness checks are not guaranteed after multiple failures (capacity can be
@@ -85,53 +93,56 @@ proptest! {
     /// indicators equalise (JFI ≥ 0.99, seed 003 eq. 16, steady demand, C = 1.1 Λ, §III-A).
     #[test]
     fn conservation_under_network_faults(
-        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
         delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
         events in prop::collection::vec(event(false, false), 1..8),
         shape in prop::collection::vec(0.5f64..1.5, 6),
     ) {
-        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, true)?;
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, true)?;
     }
 
-    /// Issue item 5, strict modes: with crashes and restarts on top of the network faults,
-    /// Σ enforced ≤ L at every event (safety). Exactness afterwards is not asserted: a node
-    /// that crashes before its heir ever heard from it, or a settlement whose replier lost its
-    /// memory, loses capacity (never counts it twice); see docs/PROTOCOL.md.
+    /// Issue item 5, strict modes: with crashes and restarts on top of the network faults, on
+    /// a ring, a complete graph or a random connected graph, Σ enforced ≤ L at every event
+    /// (safety); once healed, Σ = L exactly and JFI ≥ 0.99 (seed 003 §IV, eq. 16) up to
+    /// `EXACT_LOSS` loss.
     #[test]
-    fn safety_under_crashes(
-        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+    fn conservation_under_crashes(
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
         delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
         events in prop::collection::vec(event(true, false), 1..8),
         shape in prop::collection::vec(0.5f64..1.5, 6),
     ) {
-        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, false)?;
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, loss <= EXACT_LOSS)?;
     }
 
     /// The same with one node cut off at a time (partitions: pitfalls (b) and (c)).
     #[test]
-    fn safety_under_partitions(
-        n in 3u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+    fn conservation_under_partitions(
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
         delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
         events in prop::collection::vec(event(false, true), 1..8),
         shape in prop::collection::vec(0.5f64..1.5, 6),
     ) {
-        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, false)?;
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, loss <= EXACT_LOSS)?;
     }
 
     /// Several nodes cut off together (a group on one side, heirs inside and outside it):
-    /// Σ enforced ≤ L at every event (strict modes), Σ own ≤ L at the end (seed 003 §IV:
-    /// "no local limiter gains or loses extra capacity"). This found the chained-settlement
-    /// deadlock across a multi-node cut (regression case in `properties.proptest-regressions`,
-    /// minimal scenario `chained_settlement_across_a_group_cut_counts_nothing_twice` in
-    /// `scenarios.rs`, explanation in docs/PROTOCOL.md).
+    /// Σ enforced ≤ L at every event (strict modes); once healed Σ = L exactly up to
+    /// `EXACT_LOSS` loss (seed 003 §IV: "no local limiter gains or loses extra capacity").
+    /// This found the chained-settlement deadlock across a multi-node cut (regression case
+    /// in `properties.proptest-regressions`, minimal scenario
+    /// `chained_settlement_across_a_group_cut_counts_nothing_twice` in `scenarios.rs`) and,
+    /// made exact, the crossed settlements behind late folds
+    /// (`two_by_two_cut_of_a_complete_graph_is_settled_exactly`); explanations in
+    /// docs/PROTOCOL.md.
     #[test]
-    fn safety_under_group_partitions(
-        n in 4u32..7, dense in any::<bool>(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+    fn conservation_under_group_partitions(
+        n in 4u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
         delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
         events in prop::collection::vec(group_event(), 1..8),
         shape in prop::collection::vec(0.5f64..1.5, 6),
     ) {
-        run_scenario(n, dense, loss, dup, delay, reserved, seed, events, &shape, false)?;
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, loss <= EXACT_LOSS)?;
     }
 
     /// The decoder never panics on arbitrary bytes.
@@ -172,11 +183,11 @@ proptest! {
     /// `Message::all_keys` (saved in `properties.proptest-regressions`).
     #[test]
     fn idle_keys_are_reclaimed_and_conserve(
-        n in 3u32..6, dense in any::<bool>(), loss in 0.0f64..0.3, dup in 0.0f64..0.2,
+        n in 3u32..6, topology in topology(), loss in 0.0f64..0.3, dup in 0.0f64..0.2,
         delay in 0u64..2, seed in any::<u64>(), relay in any::<bool>(),
         waves in prop::collection::vec((0u64..6, 0u32..6, 0.0f64..600_000.0, 1u64..12), 1..10),
     ) {
-        let edges = if dense { complete(n) } else { ring(n) };
+        let edges = topology.edges(n, seed);
         let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
             let d: f64 = links.iter().map(|l| l.1).sum();
             let mut c = Config::new(id, (0..n).collect(), links, LIMIT);
@@ -253,7 +264,7 @@ proptest! {
 fn ward_unknown_to_its_dead_heir_is_settled_exactly() {
     let r = run_scenario(
         6,
-        false,
+        Topology::Ring,
         0.469_717_196_691_569_8,
         0.053_787_698_107_222_746,
         2,
@@ -267,9 +278,10 @@ fn ward_unknown_to_its_dead_heir_is_settled_exactly() {
 }
 
 /// Crashes, restarts and one-node partitions mixed, on top of the network faults: Σ enforced
-/// ≤ L at every event (strict modes). `PROPTEST_CASES` scales it like the others.
+/// ≤ L at every event (strict modes), exact once healed up to `EXACT_LOSS` loss.
+/// `PROPTEST_CASES` scales it like the others.
 #[test]
-fn safety_under_mixed_failures() {
+fn conservation_under_mixed_failures() {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -278,7 +290,7 @@ fn safety_under_mixed_failures() {
     let strategy = (
         (
             3u32..7,
-            any::<bool>(),
+            topology(),
             0.0f64..0.5,
             0.0f64..0.3,
             0u64..3,
@@ -290,19 +302,56 @@ fn safety_under_mixed_failures() {
     );
     let result = runner.run(
         &strategy,
-        |((n, dense, loss, dup, delay, reserved, seed), events, shape)| {
+        |((n, topology, loss, dup, delay, reserved, seed), events, shape)| {
             run_scenario(
-                n, dense, loss, dup, delay, reserved, seed, events, &shape, false,
+                n,
+                topology,
+                loss,
+                dup,
+                delay,
+                reserved,
+                seed,
+                events,
+                &shape,
+                loss <= EXACT_LOSS,
             )
         },
     );
     assert!(result.is_ok(), "{result:?}");
 }
 
+/// The communication graph of a scenario.
+#[derive(Debug, Clone, Copy)]
+enum Topology {
+    Ring,
+    Complete,
+    /// A random connected graph (a random tree plus random links), from the scenario seed.
+    Random,
+}
+
+impl Topology {
+    fn edges(self, n: u32, seed: u64) -> Vec<(NodeId, NodeId, f64)> {
+        match self {
+            Self::Ring => ring(n),
+            Self::Complete => complete(n),
+            // Drawn from the scenario's seed: a random tree plus random extra links.
+            Self::Random => random_connected(n, 0.3, &mut Rng::new(seed ^ 0x7090_1091)),
+        }
+    }
+}
+
+fn topology() -> impl Strategy<Value = Topology> {
+    prop_oneof![
+        Just(Topology::Ring),
+        Just(Topology::Complete),
+        Just(Topology::Random)
+    ]
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_scenario(
     n: u32,
-    dense: bool,
+    topology: Topology,
     loss: f64,
     dup: f64,
     delay: u64,
@@ -312,7 +361,7 @@ fn run_scenario(
     shape: &[f64],
     exact: bool,
 ) -> Result<(), TestCaseError> {
-    let edges = if dense { complete(n) } else { ring(n) };
+    let edges = topology.edges(n, seed);
     let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
         let d: f64 = links.iter().map(|l| l.1).sum();
         let mut c = Config::new(id, (0..n).collect(), links, LIMIT);
@@ -456,6 +505,26 @@ fn message() -> impl Strategy<Value = Message> {
                 entries,
             },
         );
+    let late_fold = (
+        any::<u64>(),
+        any::<u32>(),
+        any::<u64>(),
+        prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..3),
+    )
+        .prop_map(|(incarnation, peer, peer_incarnation, entries)| LateFold {
+            incarnation,
+            peer,
+            peer_incarnation,
+            entries,
+        });
+    let late_ack = (any::<u64>(), any::<u32>(), any::<u64>(), any::<bool>()).prop_map(
+        |(incarnation, peer, peer_incarnation, accepted)| LateAck {
+            incarnation,
+            peer,
+            peer_incarnation,
+            accepted,
+        },
+    );
     let life = prop_oneof![
         Just(Lifecycle::Joining),
         Just(Lifecycle::Active),
@@ -483,6 +552,8 @@ fn message() -> impl Strategy<Value = Message> {
             prop::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             prop::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             prop::collection::vec(any::<u64>(), 0..3),
+            prop::collection::vec(late_fold, 0..2),
+            prop::collection::vec(late_ack, 0..2),
         ),
     )
         .prop_map(
@@ -496,7 +567,7 @@ fn message() -> impl Strategy<Value = Message> {
                 settle_replies,
                 succession,
                 ledger_ack,
-                (retire, retired, confirm),
+                (retire, retired, confirm, late_folds, late_acks),
             )| {
                 Message {
                     from_inc,
@@ -517,12 +588,14 @@ fn message() -> impl Strategy<Value = Message> {
                     retire,
                     retired,
                     confirm,
+                    late_folds,
+                    late_acks,
                 }
             },
         )
 }
 
-/// Regression (found by `safety_under_mixed_failures` with a random seed): 6 nodes, complete
+/// Regression (found by `conservation_under_mixed_failures` with a random seed): 6 nodes, complete
 /// graph, 47 % loss, node 0 crashed and restarted twice. Node 4 settled node 3 and took node
 /// 0's *third* incarnation's answer for node 3's link with the second one; node 3,
 /// reincarnated, answered node 0's heir with that link's counters, which its own estate (from
@@ -536,7 +609,7 @@ fn message() -> impl Strategy<Value = Message> {
 fn mixed_failures_node_restarted_twice() {
     let r = run_scenario(
         6,
-        true,
+        Topology::Complete,
         0.471_968_841_039_191_5,
         0.005_386_314_085_902_379_5,
         2,
@@ -553,19 +626,20 @@ fn mixed_failures_node_restarted_twice() {
     assert!(r.is_ok(), "{r:?}");
 }
 
-/// Found by `safety_under_group_partitions` with a random seed (6-ring, 30 % loss, three
+/// Found by `conservation_under_group_partitions` with a random seed (6-ring, 30 % loss, three
 /// group cuts in a row): nodes 5 and 0 each froze their link with the other after the last
 /// ledger their heirs held, both were settled and reincarnated, and each answered the other's
 /// heir. With those answers counted as empty on both sides (an intermediate version of the
 /// fix for `mixed_failures_node_restarted_twice`) node 0's estate came out negative,
 /// −17,896 units, was clamped to zero, and Σ enforced reached L + 17,895. Now such answers
-/// say they are not in the replier's estate (`SettleReply::in_estate`), the heirs wait, and
-/// nothing is counted twice (seed 003 §IV).
+/// say they are not in the replier's estate (`SettleReply::in_estate`) and nothing is
+/// counted twice (seed 003 §IV); with late folds (node 0, the lower id, hands its side of
+/// the link to its heir) both estates complete and the run ends exact.
 #[test]
 fn group_cuts_chain_of_three() {
     let r = run_scenario(
         6,
-        false,
+        Topology::Ring,
         0.297_838_027_378_138_7,
         0.092_168_680_195_035_03,
         0,
@@ -578,7 +652,164 @@ fn group_cuts_chain_of_three() {
             Event::GroupPartitionHeal(5, 2, 10),
         ],
         &[0.5; 6],
-        false,
+        true,
     );
     assert!(r.is_ok(), "{r:?}");
+}
+
+/// Found by `conservation_under_group_partitions` once made exact: a complete graph of 4
+/// without any loss, nodes {0, 1} cut off from {2, 3} for 20 cycles (heir of i is i+1).
+/// Node 2 settles node 1 and node 0 settles node 3; meanwhile 1 froze its link with 3 (for
+/// node 0's settlement of 3) and 3 its link with 1, each after the last ledger its own heir
+/// holds. Reincarnated, each answered "not in my estate" and both heirs waited for ever:
+/// Σ own = L/2 after healing (the two estates lost). Now node 1, the lower id, hands its
+/// side of the link to its heir as a late fold; the heir takes it (node 3's answer is then
+/// ignored), node 1's answer becomes `in_estate` and node 3's estate counts it: exact.
+#[test]
+fn two_by_two_cut_of_a_complete_graph_is_settled_exactly() {
+    for seed in 0..8 {
+        let r = run_scenario(
+            4,
+            Topology::Complete,
+            0.0,
+            0.0,
+            0,
+            seed % 2 == 0,
+            seed,
+            vec![Event::GroupPartitionHeal(0, 2, 20)],
+            &[1.0; 6],
+            true,
+        );
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+    }
+}
+
+/// Found by the same sweep (6 nodes, complete graph, 9 % loss, nodes {2, 3, 4} cut off for
+/// 13 cycles): node 4 reincarnated while its link with node 1's dead incarnation was still
+/// live, and its new incarnation's link with it carried nothing. Node 4 could not answer
+/// for the old link (its counters were dropped with the old incarnation), so node 1's heir
+/// and node 4's heir waited for each other. Now a reincarnating node keeps its side of every
+/// live link (`final_sides`), answers for it when no later link with that incarnation
+/// carried anything, and offers it as a late fold.
+#[test]
+fn live_link_of_a_reincarnated_node_is_settled_exactly() {
+    for (loss, dup, seed, events) in [
+        (
+            0.089_754_127_247_561_47,
+            0.074_457_947_764_048_78,
+            8_114_663_643_163_469_131,
+            vec![Event::GroupPartitionHeal(2, 3, 13), Event::Run(7)],
+        ),
+        (
+            0.089_564_829_799_632_64,
+            0.097_035_342_138_569_26,
+            172_159_996_894_486_451,
+            vec![Event::GroupPartitionHeal(0, 3, 12)],
+        ),
+        // Two incarnations of node 1 each had a live link with node 3's dead one.
+        (
+            0.203_268_409_204_046_07,
+            0.031_425_363_255_293_51,
+            9_050_626_950_631_472_116,
+            vec![
+                Event::GroupPartitionHeal(2, 3, 18),
+                Event::Run(7),
+                Event::Run(7),
+                Event::GroupPartitionHeal(5, 3, 13),
+            ],
+        ),
+    ] {
+        let r = run_scenario(
+            6,
+            Topology::Complete,
+            loss,
+            dup,
+            1,
+            false,
+            seed,
+            events,
+            &[1.0; 6],
+            true,
+        );
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+    }
+}
+
+/// Found by `conservation_under_partitions` with a random seed (`PROPTEST_RNG_SEED=9101`),
+/// and wrong before the late folds too: a 4-ring at 21 % loss (heir of i is i+1), node 1 cut
+/// off for 10 cycles. Node 1, cut off, started settling its ward 0 (frozen link, node 0 dead
+/// to it) but its own heir never acknowledged the ledger recording it, so nobody heard of
+/// that settlement. Node 1 was then settled and reincarnated, still ignoring node 0's first
+/// incarnation, which is alive: node 0 lost its lease for good (it enforced nothing for the
+/// rest of the run) and held the answer node 1's heir waited for: Σ own = L − 137,502.
+/// Now a settlement that dies unannounced with its settler restores its ward's floor.
+#[test]
+fn unannounced_settlement_dies_with_its_settler() {
+    let r = run_scenario(
+        4,
+        Topology::Ring,
+        0.206_092_634_221_210_52,
+        0.0,
+        0,
+        false,
+        4_225_202_292_971_456_263,
+        vec![
+            Event::Run(10),
+            Event::Demand(1, 0, 0.0),
+            Event::Run(14),
+            Event::PartitionHeal(5, 10),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// Safety regressions of an intermediate version of the late folds, found with random
+/// seeds (`PROPTEST_RNG_SEED=9102`, `9103`): a later incarnation's answer for a dead
+/// node's link was taken as "nobody can vouch for it" although that incarnation's own link
+/// with the dead one had carried capacity (53,905 units in the first run); the dead node's
+/// estate left those flows out and Σ enforced reached L + 6,427. Such an answer now counts
+/// as unvouched only when its link carried nothing.
+#[test]
+fn a_later_link_that_carried_capacity_blocks_the_late_fold() {
+    let runs = [
+        (
+            5,
+            0.465_747_952_416_328_9,
+            0.233_205_586_342_332_3,
+            2,
+            false,
+            4_453_141_671_382_861_124,
+            vec![
+                Event::Demand(0, 0, 0.0),
+                Event::Run(7),
+                Event::PartitionHeal(3, 23),
+            ],
+        ),
+        (
+            6,
+            0.412_682_754_804_241_66,
+            0.265_890_382_995_633_45,
+            0,
+            true,
+            3_314_144_846_242_350_559,
+            vec![Event::CrashRestart(4, 14)],
+        ),
+    ];
+    for (n, loss, dup, delay, reserved, seed, events) in runs {
+        let r = run_scenario(
+            n,
+            Topology::Complete,
+            loss,
+            dup,
+            delay,
+            reserved,
+            seed,
+            events,
+            &[0.5; 6],
+            false,
+        );
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+    }
 }

@@ -607,7 +607,7 @@ impl DirectedNet {
 #[test]
 fn chained_settlement_across_a_group_cut_counts_nothing_twice() {
     // Seed 003 §IV: "no local limiter gains or loses extra capacity". The minimal form of the
-    // run proptest found (`safety_under_group_partitions`): on a 5-ring (heir of i is i+1),
+    // run proptest found (`conservation_under_group_partitions`): on a 5-ring (heir of i is i+1),
     // node 3 stops hearing node 2 and settles it (node 2 never hears the verdict: its
     // messages to 3 are lost); then node 4 stops hearing node 3 and settles it, asking
     // node 2 for its counters with 3. Node 2 freezes its link with 3 — its own heir — and
