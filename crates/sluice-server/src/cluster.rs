@@ -216,6 +216,7 @@ struct Counters {
     bytes_received: AtomicU64,
     rejected_unauthenticated: AtomicU64,
     rejected_malformed: AtomicU64,
+    rejected_version: AtomicU64,
 }
 
 /// The communication graph `gamma: auto` works on: the configured topology, or every
@@ -655,11 +656,22 @@ impl<T: Transport> Cluster<T> {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let Ok(msg) = wire::decode(payload) else {
-            self.counters
-                .rejected_malformed
-                .fetch_add(1, Ordering::Relaxed);
-            return;
+        let msg = match wire::decode(payload) {
+            Ok(msg) => msg,
+            // Counted apart: an authentic peer on another wire version is a rolling upgrade
+            // in progress (or a forgotten node), not an attack or a bug; see docs/PROTOCOL.md.
+            Err(wire::WireError::Version(_)) => {
+                self.counters
+                    .rejected_version
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(_) => {
+                self.counters
+                    .rejected_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         };
         self.counters
             .messages_received
@@ -831,6 +843,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 bytes_received: c.bytes_received.load(Ordering::Relaxed),
                 rejected_unauthenticated: c.rejected_unauthenticated.load(Ordering::Relaxed),
                 rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
+                rejected_version: c.rejected_version.load(Ordering::Relaxed),
             },
         }
     }

@@ -482,6 +482,7 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
     for (reason, v) in [
         ("unauthenticated", p.rejected_unauthenticated),
         ("malformed", p.rejected_malformed),
+        ("version", p.rejected_version),
     ] {
         ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
     }

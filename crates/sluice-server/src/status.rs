@@ -114,6 +114,9 @@ pub struct PeerCounters {
     pub rejected_unauthenticated: u64,
     /// Datagrams rejected: authentic but undecodable.
     pub rejected_malformed: u64,
+    /// Datagrams rejected: authentic, from a peer speaking another wire version (a rolling
+    /// upgrade across versions, see docs/PROTOCOL.md "Upgrades").
+    pub rejected_version: u64,
 }
 
 /// Something that can describe the cluster (the cluster driver).

@@ -200,7 +200,13 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
         .await
         .unwrap();
     attacker.send_to(b"garbage", target).await.unwrap();
-    // Authentic but undecodable.
+    // Authentic but undecodable: a truncated message of our wire version, and one of
+    // another version (a peer on another release).
+    let ours = sluice_coord::wire::encode(&sluice_coord::wire::Message::default());
+    attacker
+        .send_to(&seal(&key(), 1, 0, &ours[..3]).unwrap(), target)
+        .await
+        .unwrap();
     attacker
         .send_to(&seal(&key(), 1, 0, b"\xff\xff").unwrap(), target)
         .await
@@ -213,6 +219,10 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
     );
     assert_eq!(
         after.peer.rejected_malformed - before.peer.rejected_malformed,
+        1
+    );
+    assert_eq!(
+        after.peer.rejected_version - before.peer.rejected_version,
         1
     );
     assert_eq!(after.incarnation, before.incarnation);
