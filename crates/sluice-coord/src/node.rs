@@ -66,11 +66,12 @@
 //!   (capacity lost, never counted twice); and the dead node is told it is dead as soon as
 //!   its heir starts settling it, so it does not hold other heirs' answers meanwhile.
 //! * a link between two dead nodes that each froze after the ledger its heir settles it
-//!   with counts once: the lower id, reincarnated, offers its own side of the link to its
-//!   heir as a *late fold* ([`crate::wire::LateFold`]); taken only while that heir waits for
-//!   the peer and the peer cannot vouch for its side, it makes the peer's answer ignored
-//!   there and the lower id's answer `in_estate` for the peer's heir (see
-//!   `Node::offer_late_folds`). Links still live when a node reincarnates are kept for this;
+//!   with counts once: a reincarnated node offers its own side of the link to its heir as a
+//!   *late fold* ([`crate::wire::LateFold`]); taken (from the lower id, or from the higher
+//!   one when the lower one crashed) only while that heir waits for the peer and the peer
+//!   cannot vouch for its side, it makes the peer's answer ignored there and the offering
+//!   node's answer `in_estate` for the peer's heir (see `Node::offer_late_folds`). Links
+//!   still live when a node reincarnates are kept for this;
 //! * a settlement its settler's heir never acknowledged dies with the settler: nobody heard
 //!   of it, so the ward is heard again (see `Node::drop_settlements`).
 //!
@@ -638,11 +639,23 @@ struct Settlement {
     /// Neighbours (of the ward) that answered for their link but could not vouch for it: a
     /// reincarnated replier whose side is not in its own estate (`in_estate` false; us
     /// included). Only for these may the ward's own side come as a late fold.
-    unvouched: BTreeSet<NodeId>,
+    unvouched: BTreeMap<NodeId, Unvouched>,
     /// Per key `Σ (F − S)`.
     terms: BTreeMap<Key, i128>,
     /// The ward's dead floor before the settlement (restored if it dies unannounced with us).
     floor_before: u64,
+}
+
+/// Why a neighbour's answer for its link with a ward could not be counted (see
+/// `Node::take_late_fold`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unvouched {
+    /// The incarnation the ward's ledger names answered, reincarnated, and its side of the
+    /// link is not in its own estate: it may still hand it over to its heir as a late fold.
+    NotInEstate,
+    /// A later incarnation answered, and its own link with the ward carried nothing: the
+    /// incarnation the ledger names is gone (it crashed) and will never answer or offer.
+    Superseded,
 }
 
 /// Where a late fold we offered stands (see `Node::offer_late_folds`).
@@ -2237,10 +2250,12 @@ impl Node {
                 replier_incarnation = r.by_inc;
                 r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
             }
-            // No record: we never exchanged capacity with that incarnation, unless we lost
-            // our memory (restarted or reincarnated); then stay silent rather than guess.
-            None if !self.amnesiac => Vec::new(),
-            None => return,
+            // No record: this incarnation never exchanged capacity with that one. Said even
+            // after a restart (we may have lost an earlier incarnation's record): the reply
+            // names this incarnation, which covers the link only where the dead node folded
+            // its link with our previous one (`SettleReply::prior`); otherwise it tells the
+            // heir that the incarnation it waits for is gone (see `take_late_fold`).
+            None => Vec::new(),
         };
         let prior = self.priors.get(&replier_incarnation).copied();
         let reply = SettleReply {
@@ -2311,8 +2326,12 @@ impl Node {
         let superseded = live != 0
             && r.replier_incarnation > live
             && r.entries.iter().all(|&(_, f, s)| f == 0 && s == 0);
-        if ((covers && !r.in_estate) || superseded) && !folded && s.waiting.contains(&from) {
-            s.unvouched.insert(from);
+        if !folded && s.waiting.contains(&from) {
+            if covers && !r.in_estate {
+                s.unvouched.insert(from, Unvouched::NotInEstate);
+            } else if superseded {
+                s.unvouched.insert(from, Unvouched::Superseded);
+            }
         }
         if !covers || !(folded || r.in_estate) || !s.waiting.remove(&from) {
             return;
@@ -2404,7 +2423,7 @@ impl Node {
             .filter(|&j| j != me && j != n)
             .collect();
         let is_neighbour = ward.ledger.neighbours.iter().any(|l| l.0 == me);
-        let mut unvouched = BTreeSet::new();
+        let mut unvouched = BTreeMap::new();
         if is_neighbour && !(covers && (folded || in_estate)) {
             // We cannot vouch for our own side: nobody ever answers for us, so this estate
             // waits for the ward's own side as a late fold (see `take_late_fold`), or never
@@ -2412,8 +2431,10 @@ impl Node {
             waiting.insert(me);
             let carried_nothing =
                 rec.is_none_or(|r| r.counters.values().all(|&(f, s)| f == 0 && s == 0));
-            if covers || (live != 0 && by > live && carried_nothing) {
-                unvouched.insert(me);
+            if covers {
+                unvouched.insert(me, Unvouched::NotInEstate);
+            } else if live != 0 && by > live && carried_nothing {
+                unvouched.insert(me, Unvouched::Superseded);
             }
         }
         for &j in waiting.iter().filter(|&&j| j != me) {
@@ -2492,11 +2513,13 @@ impl Node {
     /// we do not know which): those sides are in no estate. Where the other end is dead as
     /// well, each heir waits for the other's side to be in an estate (`in_estate`), which
     /// neither ever is: both estates would wait for ever (a 2|2 cut of a complete graph of 4
-    /// lost half the limit this way). Offer our side to our heir instead, for the lower id
-    /// of the two ends only: the estate of one end then holds that end's own side of the
-    /// link, the other end's estate counts the first end's counters, and the link counts
-    /// once (if both ends' own sides were taken, what was in flight between them would be
-    /// lost; if both took the other's counters, it would count twice).
+    /// lost half the limit this way). Offer our side to our heir instead: the estate of one
+    /// end then holds that end's own side of the link, the other end's estate counts the
+    /// first end's counters, and the link counts once (if both ends' own sides were taken,
+    /// what was in flight between them would be lost; if both took the other's counters, it
+    /// would count twice). The heir takes the lower id's offer; the higher id's only when the
+    /// lower one crashed (its answer comes from a later incarnation that never linked with
+    /// us), so it can offer nothing.
     fn offer_late_folds(&mut self, old: u64) {
         let known = self.estate_versions.get(&old).copied();
         let sides = self
@@ -2505,7 +2528,7 @@ impl Node {
             .map(|(&(p, i), r)| (p, i, r))
             .chain(self.final_sides.iter().map(|(&(p, i, _), r)| (p, i, r)));
         for (peer, pinc, r) in sides {
-            if r.by_inc == old && known.is_none_or(|v| r.version > v) && self.cfg.id < peer {
+            if r.by_inc == old && known.is_none_or(|v| r.version > v) {
                 self.late_folds
                     .entry((old, peer, pinc))
                     .or_insert(LateFoldState::Offered);
@@ -2565,7 +2588,11 @@ impl Node {
             if !live || s.ward.ledger.folded.contains(&link) || !s.waiting.contains(&f.peer) {
                 // Not this estate's link, or the peer's side is counted already.
                 Some(false)
-            } else if s.unvouched.remove(&f.peer) {
+            } else if s.unvouched.get(&f.peer) == Some(&Unvouched::NotInEstate) && from > f.peer {
+                // The peer, the lower id, hands over its side instead (see
+                // `offer_late_folds`): taking ours too would lose what was in flight.
+                Some(false)
+            } else if s.unvouched.remove(&f.peer).is_some() {
                 // The ward's own side, as if its ledger had folded the link: the peer's
                 // answer is ignored from now on (it counts in the peer's estate instead).
                 for &(k, given, seen) in &f.entries {

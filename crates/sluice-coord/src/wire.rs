@@ -393,12 +393,7 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         if let Some(p) = r.prior {
             put(out, p);
         }
-        put(out, r.entries.len() as u64);
-        for &(k, f, s) in &r.entries {
-            put(out, k);
-            put(out, f);
-            put(out, s);
-        }
+        put_triples(out, &r.entries);
     }
     match m.succession {
         None => out.push(0),
@@ -424,12 +419,7 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         put(out, f.incarnation);
         put(out, u64::from(f.peer));
         put(out, f.peer_incarnation);
-        put(out, f.entries.len() as u64);
-        for &(k, g, s) in &f.entries {
-            put(out, k);
-            put(out, g);
-            put(out, s);
-        }
+        put_triples(out, &f.entries);
     }
     put(out, m.late_acks.len() as u64);
     for a in &m.late_acks {
@@ -594,11 +584,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         }
         let in_estate = flags & 2 == 2;
         let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
-        let m = r.count(3)?;
-        let mut entries = Vec::with_capacity(m);
-        for _ in 0..m {
-            entries.push((r.var()?, r.var()?, r.var()?));
-        }
+        let entries = r.triples()?;
         settle_replies.push(SettleReply {
             dead,
             incarnation,
@@ -635,11 +621,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         let incarnation = r.var()?;
         let peer = r.id()?;
         let peer_incarnation = r.var()?;
-        let m = r.count(3)?;
-        let mut entries = Vec::with_capacity(m);
-        for _ in 0..m {
-            entries.push((r.var()?, r.var()?, r.var()?));
-        }
+        let entries = r.triples()?;
         late_folds.push(LateFold {
             incarnation,
             peer,
@@ -714,6 +696,16 @@ pub fn encoded_len(m: &Message) -> usize {
     c.0
 }
 
+/// A counted list of varint triples (see `Reader::triples`).
+fn put_triples<S: Sink>(out: &mut S, list: &[(Key, u64, u64)]) {
+    put(out, list.len() as u64);
+    for &(k, a, b) in list {
+        put(out, k);
+        put(out, a);
+        put(out, b);
+    }
+}
+
 fn put<S: Sink>(out: &mut S, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
@@ -769,6 +761,16 @@ impl Reader<'_> {
 
     /// A count of items of at least `min_bytes` each: refused if it cannot fit, so a
     /// forged count never makes us allocate much.
+    /// A counted list of `(key, a, b)` varint triples (settlement replies, late folds).
+    fn triples(&mut self) -> Result<Vec<(Key, u64, u64)>, WireError> {
+        let m = self.count(3)?;
+        let mut v = Vec::with_capacity(m);
+        for _ in 0..m {
+            v.push((self.var()?, self.var()?, self.var()?));
+        }
+        Ok(v)
+    }
+
     fn count(&mut self, min_bytes: usize) -> Result<usize, WireError> {
         let n = self.var()?;
         let left = (self.b.len() - self.at) as u64;
