@@ -682,6 +682,11 @@ pub struct Node {
     links: SmallMap<NodeId, Link>,
     keys: BTreeMap<Key, KeyState>,
     lease_until: Nanos,
+    /// The incarnation of our heir that granted the lease (0: none yet).
+    lease_inc: u64,
+    /// When we learned, with the lease out, that the incarnation that granted it died (see
+    /// `Node::orphaned`).
+    orphaned_at: Option<Nanos>,
     wards: BTreeMap<NodeId, Ward>,
     settling: BTreeMap<(NodeId, u64), Settlement>,
     /// Highest incarnation of each node this node settled as heir.
@@ -791,6 +796,8 @@ impl Node {
             links,
             keys: BTreeMap::new(),
             lease_until,
+            lease_inc: 0,
+            orphaned_at: None,
             wards: BTreeMap::new(),
             settling: BTreeMap::new(),
             settled: BTreeMap::new(),
@@ -1057,6 +1064,15 @@ impl Node {
         if self.lifecycle == Lifecycle::Left {
             return;
         }
+        // Orphaned for two leases with no word from the dead heir's successor: start again
+        // (see `Node::orphaned`).
+        if self.orphaned(now)
+            && self
+                .orphaned_at
+                .is_some_and(|at| now > at + 2 * self.cfg.lease)
+        {
+            self.reincarnate(now, self.inc, None, None);
+        }
         self.check_wards(now);
         self.replace_leaving_heir(now);
         self.restore_heir(now);
@@ -1172,6 +1188,55 @@ impl Node {
         if back {
             self.heir = Some(c);
             self.lease_until = self.lease_until.max(now + self.cfg.lease);
+            self.lease_inc = self.links.get(&c).map_or(0, |l| l.inc);
+            self.orphaned_at = None;
+        }
+    }
+
+    /// Our lease has run out and the heir incarnation that granted it is dead to us (we froze
+    /// our link with it: it restarted, or its own heir settled it). That incarnation may have
+    /// declared us dead and inherited our share first — only after the lease had run out
+    /// (the holder stops first) — and we cannot tell whether it did: its successor tells our
+    /// wards, not the nodes it had settled, and is not always our neighbour. So while
+    /// orphaned we take no lease from another incarnation of our heir and give it no ledger
+    /// (it would adopt us and, once we die, settle our share a second time). A succession
+    /// notice from the dead incarnation's successor ends it (its ledger still listed us as a
+    /// ward, so it had not settled us; and we gave the later incarnation no ledger, so it
+    /// holds no record of us), and two leases after we learned of the death we come back as
+    /// a new incarnation,
+    /// which only drops capacity. Whether we are orphaned is decided when we learn of the
+    /// death (`Node::heir_death_noted`): deciding at the next renewal once let a lease run
+    /// out after we had handed the later incarnation our ledger, and a seeded run went over
+    /// L. Found
+    /// with overlapping failures: a 4-ring without loss, node 3 cut off and settled by node
+    /// 0, node 0 crashed and restarted before the verdict got through, node 3 took a lease
+    /// from node 0's new incarnation: Σ enforced = L + 10,750.
+    fn orphaned(&self, now: Nanos) -> bool {
+        self.lease_inc != 0
+            && self.lifecycle == Lifecycle::Active
+            && self.lease_state(now) == LeaseState::Expired
+            && self
+                .heir
+                .and_then(|h| self.links.get(&h))
+                .is_none_or(|l| l.inc != self.lease_inc)
+    }
+
+    /// We just froze our link with the heir incarnation that granted our lease (it restarted,
+    /// or its own heir is settling it). If the lease is still valid, that incarnation died
+    /// before it could have declared us dead (it may only after the lease runs out): trust
+    /// its next one. Otherwise we are orphaned (see `Node::orphaned`). Deciding now, not at
+    /// the next renewal, matters: a lease that runs out while the new incarnation's first
+    /// answers are lost must not make us orphaned.
+    fn heir_death_noted(&mut self, now: Nanos) {
+        let dead = self.lease_inc != 0
+            && self
+                .heir
+                .and_then(|h| self.links.get(&h))
+                .is_none_or(|l| l.inc != self.lease_inc);
+        if dead && self.lease_state(now) != LeaseState::Expired {
+            self.lease_inc = 0;
+        } else if dead && self.orphaned_at.is_none() {
+            self.orphaned_at = Some(now);
         }
     }
 
@@ -1621,7 +1686,8 @@ impl Node {
         usable: &[(NodeId, f64)],
         plans: Option<&[Option<RelayPlan>]>,
     ) {
-        let to_heir = Some(to) == self.heir && self.lifecycle != Lifecycle::Left;
+        let to_heir =
+            Some(to) == self.heir && self.lifecycle != Lifecycle::Left && !self.orphaned(now);
         let ledger = to_heir.then(|| self.ledger());
         let requests: Vec<(NodeId, u64)> = self
             .settling
@@ -1757,6 +1823,7 @@ impl Node {
         for &(dead, inc) in &msg.settle_requests {
             self.answer_settle(from, dead, inc);
         }
+        self.heir_death_noted(now);
         for r in &msg.settle_replies {
             self.take_reply(from, r);
         }
@@ -1841,6 +1908,7 @@ impl Node {
             if self.wards.get(&from).is_some_and(|w| w.inc == seen_inc) {
                 self.start_settle(from);
             }
+            self.heir_death_noted(now);
         }
         let up = 2 * self.cfg.cycle;
         let (fresh, usable_now) = {
@@ -1874,7 +1942,17 @@ impl Node {
             return;
         }
         if is_heir && msg.echo != 0 && msg.to_inc == self.inc {
-            self.lease_until = self.lease_until.max(msg.echo + self.cfg.lease);
+            // Not from another incarnation of our heir while our lease is out (see
+            // `Node::orphaned`).
+            if !(self.orphaned(now)
+                || (self.lease_state(now) == LeaseState::Expired
+                    && self.lease_inc != 0
+                    && msg.from_inc != self.lease_inc))
+            {
+                self.lease_inc = msg.from_inc;
+                self.orphaned_at = None;
+                self.lease_until = self.lease_until.max(msg.echo + self.cfg.lease);
+            }
             if msg.ledger_ack > self.ledger_acked {
                 self.ledger_acked = msg.ledger_ack;
                 for (asker, dead, inc) in std::mem::take(&mut self.held) {
@@ -1891,12 +1969,15 @@ impl Node {
         }
         if let Some((dead_heir, inc)) = msg.succession
             && self.heir == Some(dead_heir)
-            && self.links.get(&dead_heir).is_none_or(|l| l.inc <= inc)
+            && (self.links.get(&dead_heir).is_none_or(|l| l.inc <= inc)
+                || (self.orphaned(now) && inc == self.lease_inc))
         {
             // Our heir was declared dead by its own heir, which takes its place. Nobody holds
             // a ward record of us now, so a fresh lease is safe (see the module docs).
             self.heir = Some(from);
             self.lease_until = self.lease_until.max(now + self.cfg.lease);
+            self.lease_inc = msg.from_inc;
+            self.orphaned_at = None;
             // Introduce ourselves (and our ledger) to the new heir at once.
             self.send(from, now);
         }
@@ -2374,6 +2455,16 @@ impl Node {
             return;
         };
         let inc = ward.inc;
+        // Our own heir (mutual heirs): its ledger says whether it had settled us. If not, it
+        // never did (a settlement acts on others only once its heir, us, holds a ledger
+        // recording it), so its next incarnation can be trusted with our lease (see
+        // `Node::orphaned`).
+        if Some(n) == self.heir
+            && inc == self.lease_inc
+            && !ward.ledger.settled.contains(&(self.cfg.id, self.inc))
+        {
+            self.lease_inc = 0;
+        }
         self.settled_with.insert((n, inc), ward.ledger.version);
         // The settlement is part of our ledger from now on (the ward is gone from our wards
         // and listed as settled: whoever inherits from us tells it, rather than reviving it
@@ -2735,6 +2826,8 @@ impl Node {
         // estates died with our old incarnation), and must never be settled twice.
         self.drop_settlements(version.filter(|_| dead == old));
         self.lease_until = 0;
+        self.lease_inc = 0;
+        self.orphaned_at = None;
         self.amnesiac = true;
         self.ledger_version += 1;
         self.usable_cache = None;

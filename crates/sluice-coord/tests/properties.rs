@@ -24,6 +24,17 @@ enum Event {
     PartitionHeal(u32, u64),
     /// `size` consecutive nodes from `first` cut off together (at least one stays outside).
     GroupPartitionHeal(u32, u32, u64),
+    /// Overlapping failures: node `a` cut off; `d1` cycles later node `b` crashes; `d2`
+    /// cycles after that `b` restarts and the cut heals.
+    CutThenCrash(u32, u32, u64, u64),
+}
+
+/// Overlapping failures: a node cut off, then a crash (often of its heir) before the cut
+/// heals, mixed with the other events.
+fn overlap_event() -> impl Strategy<Value = Event> {
+    let overlap = (0u32..6, 0u32..6, 1u64..25, 1u64..25)
+        .prop_map(|(a, b, d1, d2)| Event::CutThenCrash(a, b, d1, d2));
+    prop_oneof![overlap, event(true, true)]
 }
 
 /// Events with several nodes cut off together, on top of the network faults.
@@ -59,7 +70,7 @@ fn event(crashes: bool, partitions: bool) -> impl Strategy<Value = Event> {
 /// (Σ own = Σ enforced = L, JFI ≥ 0.99); above it only safety is asserted. Why: at 40–50 %
 /// loss a settlement can still lose capacity (never count it twice), e.g. a heir that
 /// inherited after the last ledger its own heir holds and then dies with that inheritance;
-/// random sweeps find it in about 1 case in 1,100 (none in 52,000 below 30 % loss; see
+/// random sweeps find it in about 1 case in 1,100 (about 1 in 15,000 below 30 % loss; see
 /// docs/PROTOCOL.md, "Known limits").
 const EXACT_LOSS: f64 = 0.3;
 
@@ -144,6 +155,21 @@ proptest! {
         shape in prop::collection::vec(0.5f64..1.5, 6),
     ) {
         run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, loss <= EXACT_LOSS)?;
+    }
+
+    /// Overlapping failures (a node cut off, then a crash before the cut heals; the crashed
+    /// node is often the cut one's heir): Σ enforced ≤ L at every event (strict modes).
+    /// Exactness is not asserted: about one run in thirteen ends under L (see
+    /// docs/PROTOCOL.md, "Known limits"). Before `Node::orphaned` this found Σ enforced = L +
+    /// 16.9 %; random seeds still find a rarer case (`overlapping_cuts_and_crashes_open_bug`).
+    #[test]
+    fn safety_under_overlapping_failures(
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(overlap_event(), 1..6),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, false)?;
     }
 
     /// The decoder never panics on arbitrary bytes.
@@ -404,6 +430,14 @@ fn run_scenario(
             Event::PartitionHeal(i, d) => {
                 c.apply(Step::Partition(vec![i % n]));
                 c.apply(Step::Run(d));
+                c.apply(Step::Heal);
+            }
+            Event::CutThenCrash(a, b, d1, d2) => {
+                c.apply(Step::Partition(vec![a % n]));
+                c.apply(Step::Run(d1));
+                c.apply(Step::Crash(b % n));
+                c.apply(Step::Run(d2));
+                c.apply(Step::Restart(b % n));
                 c.apply(Step::Heal);
             }
             Event::GroupPartitionHeal(first, size, d) => {
@@ -836,6 +870,42 @@ fn crashed_lower_end_lets_the_higher_end_fold() {
         vec![Event::CrashRestart(2, 6)],
         &[1.0; 6],
         true,
+    );
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// **Open safety bug**, found by `safety_under_overlapping_failures` with random seeds
+/// (`PROPTEST_RNG_SEED=9101`): a 5-ring without loss, messages delayed up to 2 cycles, three
+/// overlapping failures in a row (node 2 cut off, node 4 crashed 16 cycles later and
+/// restarted 3 cycles after that; then node 3 cut off and node 4 crashed again; then node 0
+/// cut off). Σ enforced reaches L + 9.3 %. The same on the code before the orphan rule
+/// (`Node::orphaned`), which closed the simpler overlaps; not yet understood. Run it with
+/// `cargo test -p sluice-coord --test properties -- --ignored`.
+#[test]
+#[ignore]
+fn overlapping_cuts_and_crashes_open_bug() {
+    let r = run_scenario(
+        5,
+        Topology::Ring,
+        0.0,
+        0.0,
+        2,
+        true,
+        10_071_655_843_632_493_082,
+        vec![
+            Event::CutThenCrash(2, 4, 16, 3),
+            Event::CutThenCrash(3, 4, 19, 18),
+            Event::PartitionHeal(0, 14),
+        ],
+        &[
+            1.460_845_564_783_369_4,
+            0.793_941_536_697_465_8,
+            0.898_495_808_136_221_1,
+            0.844_545_299_010_199,
+            1.172_636_381_800_642,
+            1.288_895_556_172_856_3,
+        ],
+        false,
     );
     assert!(r.is_ok(), "{r:?}");
 }
