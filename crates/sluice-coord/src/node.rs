@@ -1196,21 +1196,20 @@ impl Node {
     /// Our lease has run out and the heir incarnation that granted it is dead to us (we froze
     /// our link with it: it restarted, or its own heir settled it). That incarnation may have
     /// declared us dead and inherited our share first — only after the lease had run out
-    /// (the holder stops first) — and we cannot tell whether it did: its successor tells our
+    /// (the holder stops first) — and we cannot tell whether it did: its successor tells its
     /// wards, not the nodes it had settled, and is not always our neighbour. So while
     /// orphaned we take no lease from another incarnation of our heir and give it no ledger
     /// (it would adopt us and, once we die, settle our share a second time). A succession
     /// notice from the dead incarnation's successor ends it (its ledger still listed us as a
     /// ward, so it had not settled us; and we gave the later incarnation no ledger, so it
-    /// holds no record of us), and two leases after we learned of the death we come back as
-    /// a new incarnation,
-    /// which only drops capacity. Whether we are orphaned is decided when we learn of the
-    /// death (`Node::heir_death_noted`): deciding at the next renewal once let a lease run
-    /// out after we had handed the later incarnation our ledger, and a seeded run went over
-    /// L. Found
-    /// with overlapping failures: a 4-ring without loss, node 3 cut off and settled by node
-    /// 0, node 0 crashed and restarted before the verdict got through, node 3 took a lease
-    /// from node 0's new incarnation: Σ enforced = L + 10,750.
+    /// holds no record of us); two leases after we learned of the death we come back as a
+    /// new incarnation instead, which only drops capacity. Whether we are orphaned is decided
+    /// when we learn of the death (`Node::heir_death_noted`): deciding at the next renewal
+    /// once let a lease run out after we had handed the later incarnation our ledger, and a
+    /// seeded run went over L. Found with overlapping failures: a 4-ring without loss, node 3
+    /// cut off and settled by node 0, node 0 crashed and restarted before its verdict got
+    /// through, and node 3 took a lease from node 0's new incarnation: Σ enforced = L +
+    /// 10,750.
     fn orphaned(&self, now: Nanos) -> bool {
         self.lease_inc != 0
             && self.lifecycle == Lifecycle::Active
