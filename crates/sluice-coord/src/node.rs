@@ -1966,10 +1966,20 @@ impl Node {
                 }
             }
         }
+        // The latest incarnation of our heir we know of: a frozen link forgets its
+        // incarnation, the dead floor does not. A notice about an older one is stale (a
+        // succession from the first of two crashes of our heir, still resent by its
+        // successor, made node 3 of a 5-ring take a fresh lease after the second
+        // incarnation had settled it: Σ enforced = L + 9.3 %).
+        let known = |h: NodeId| {
+            self.links
+                .get(&h)
+                .map_or(0, |l| l.inc)
+                .max(self.dead_floor.get(&h).copied().unwrap_or(0))
+        };
         if let Some((dead_heir, inc)) = msg.succession
             && self.heir == Some(dead_heir)
-            && (self.links.get(&dead_heir).is_none_or(|l| l.inc <= inc)
-                || (self.orphaned(now) && inc == self.lease_inc))
+            && (known(dead_heir) <= inc || (self.orphaned(now) && inc == self.lease_inc))
         {
             // Our heir was declared dead by its own heir, which takes its place. Nobody holds
             // a ward record of us now, so a fresh lease is safe (see the module docs).

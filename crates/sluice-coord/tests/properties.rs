@@ -159,9 +159,10 @@ proptest! {
 
     /// Overlapping failures (a node cut off, then a crash before the cut heals; the crashed
     /// node is often the cut one's heir): Σ enforced ≤ L at every event (strict modes).
-    /// Exactness is not asserted: about one run in thirteen ends under L (see
-    /// docs/PROTOCOL.md, "Known limits"). Before `Node::orphaned` this found Σ enforced = L +
-    /// 16.9 %; random seeds still find a rarer case (`overlapping_cuts_and_crashes_open_bug`).
+    /// Exactness is not asserted: about one run in four ends under L (see docs/PROTOCOL.md,
+    /// "Known limits"). Before `Node::orphaned` this found Σ enforced = L + 16.9 %, then the
+    /// stale succession (`stale_succession_after_two_crashes_of_the_heir`); random seeds
+    /// still find a rarer case (`overlapping_cut_and_crash_open_bug`).
     #[test]
     fn safety_under_overlapping_failures(
         n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
@@ -874,16 +875,19 @@ fn crashed_lower_end_lets_the_higher_end_fold() {
     assert!(r.is_ok(), "{r:?}");
 }
 
-/// **Open safety bug**, found by `safety_under_overlapping_failures` with random seeds
-/// (`PROPTEST_RNG_SEED=9101`): a 5-ring without loss, messages delayed up to 2 cycles, three
-/// overlapping failures in a row (node 2 cut off, node 4 crashed 16 cycles later and
-/// restarted 3 cycles after that; then node 3 cut off and node 4 crashed again; then node 0
-/// cut off). Σ enforced reaches L + 9.3 %. The same on the code before the orphan rule
-/// (`Node::orphaned`), which closed the simpler overlaps; not yet understood. Run it with
-/// `cargo test -p sluice-coord --test properties -- --ignored`.
+/// Found by `safety_under_overlapping_failures` with random seeds (`PROPTEST_RNG_SEED=9101`),
+/// and wrong on the code before the orphan rule too: a 5-ring without loss, messages delayed
+/// up to 2 cycles, three overlapping failures in a row (node 2 cut off, node 4 crashed 16
+/// cycles later and restarted 3 cycles after that; then node 3 cut off and node 4 crashed
+/// again; then node 0 cut off). Node 0, heir of node 4, had sent node 3 a succession notice
+/// after node 4's first crash and kept resending it; node 3 named node 4's second
+/// incarnation its heir, was settled by it while cut off, and once healed took the stale
+/// notice (its link with node 4, frozen, no longer remembered that incarnation): a fresh
+/// lease while node 0 inherited node 3's share, Σ enforced = L + 9.3 %. Now a succession
+/// notice about an incarnation older than the latest we know (the dead floor remembers it)
+/// is ignored.
 #[test]
-#[ignore]
-fn overlapping_cuts_and_crashes_open_bug() {
+fn stale_succession_after_two_crashes_of_the_heir() {
     let r = run_scenario(
         5,
         Topology::Ring,
@@ -904,6 +908,43 @@ fn overlapping_cuts_and_crashes_open_bug() {
             0.844_545_299_010_199,
             1.172_636_381_800_642,
             1.288_895_556_172_856_3,
+        ],
+        false,
+    );
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// **Open safety bug**, found by a random sweep of overlapping failures (1 run in 8,000): a
+/// 5-ring at 40 % loss with duplicates and delay, node 0 cut off again 27 cycles after an
+/// earlier cut healed, then its heir's ward node 4 crashed. When node 1 finished settling
+/// node 0's second incarnation (still alive behind the cut, enforcing its reservation), Σ
+/// enforced reached L + 1.6 % for part of a cycle. Not yet understood. Run it with
+/// `cargo test -p sluice-coord --test properties -- --ignored`.
+#[test]
+#[ignore]
+fn overlapping_cut_and_crash_open_bug() {
+    let r = run_scenario(
+        5,
+        Topology::Ring,
+        0.399_831_938_901_890_17,
+        0.292_599_963_062_742_33,
+        2,
+        true,
+        5_763_998_898_011_037_284,
+        vec![
+            Event::Demand(1, 0, 367_066.970_787_044_85),
+            Event::Demand(4, 0, 184_114.671_361_893_68),
+            Event::PartitionHeal(0, 27),
+            Event::Demand(4, 0, 332_689.683_774_559_8),
+            Event::CutThenCrash(0, 4, 23, 2),
+        ],
+        &[
+            0.907_506_951_514_911_1,
+            1.046_764_505_043_753_7,
+            0.812_805_834_619_731_8,
+            0.863_029_920_600_525_3,
+            1.044_600_247_105_870_4,
+            0.760_365_141_348_069_4,
         ],
         false,
     );
