@@ -921,7 +921,8 @@ fn stale_succession_after_two_crashes_of_the_heir() {
 /// 5-ring at 40 % loss with duplicates and delay, node 0 cut off again 27 cycles after an
 /// earlier cut healed, then its heir's ward node 4 crashed. When node 1 finished settling
 /// node 0's second incarnation (still alive behind the cut, enforcing its reservation), Σ
-/// enforced reached L + 1.6 % for part of a cycle. Not yet understood. Run it with
+/// enforced reached L + 1.6 % within a cycle (after the ticks, before that cycle's
+/// deliveries) and went over again, by up to 0.5 %, 35 cycles later. Not yet understood. Run it with
 /// `cargo test -p sluice-coord --test properties -- --ignored`.
 #[test]
 #[ignore]
