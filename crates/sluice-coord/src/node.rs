@@ -1234,6 +1234,7 @@ impl Node {
                 .is_none_or(|l| l.inc != self.lease_inc);
         if dead && self.lease_state(now) != LeaseState::Expired {
             self.lease_inc = 0;
+            self.orphaned_at = None;
         } else if dead && self.orphaned_at.is_none() {
             self.orphaned_at = Some(now);
         }
@@ -1942,12 +1943,8 @@ impl Node {
         }
         if is_heir && msg.echo != 0 && msg.to_inc == self.inc {
             // Not from another incarnation of our heir while our lease is out (see
-            // `Node::orphaned`).
-            if !(self.orphaned(now)
-                || (self.lease_state(now) == LeaseState::Expired
-                    && self.lease_inc != 0
-                    && msg.from_inc != self.lease_inc))
-            {
+            // `Node::orphaned`; the link already names the sender's incarnation).
+            if !self.orphaned(now) {
                 self.lease_inc = msg.from_inc;
                 self.orphaned_at = None;
                 self.lease_until = self.lease_until.max(msg.echo + self.cfg.lease);
@@ -2473,6 +2470,7 @@ impl Node {
             && !ward.ledger.settled.contains(&(self.cfg.id, self.inc))
         {
             self.lease_inc = 0;
+            self.orphaned_at = None;
         }
         self.settled_with.insert((n, inc), ward.ledger.version);
         // The settlement is part of our ledger from now on (the ward is gone from our wards
