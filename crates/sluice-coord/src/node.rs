@@ -1663,7 +1663,17 @@ impl Node {
                 .collect(),
             wards: self.wards.keys().copied().collect(),
             settled: self.settled.iter().map(|(&n, &i)| (n, i)).collect(),
-            folded: self.frozen.keys().copied().collect(),
+            // Only this incarnation's folds are in these bases. A link an earlier
+            // incarnation of ours froze went into that incarnation's estate, and the same
+            // peer incarnation may have linked with us again since (a ward whose settlement
+            // died unannounced, rule 6): listing it made our heir skip that peer's answer
+            // for the live link and count our side of it twice (L + 1.6 %, 5-ring).
+            folded: self
+                .frozen
+                .iter()
+                .filter(|(_, r)| r.by_inc == self.inc)
+                .map(|(&link, _)| link)
+                .collect(),
         }
     }
 
