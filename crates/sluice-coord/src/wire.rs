@@ -10,8 +10,9 @@ pub type NodeId = u32;
 pub type Key = u64;
 
 /// 2: settlement replies name the replier's incarnation. 3: ledger neighbours, verdict
-/// versions, `in_estate`. 4: late folds and their acknowledgements.
-const VERSION: u8 = 4;
+/// versions, `in_estate`. 4: late folds and their acknowledgements. 5: ward handovers and
+/// their acknowledgements (header flag bit 5; absent, they cost nothing).
+const VERSION: u8 = 5;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -152,6 +153,36 @@ pub struct LateAck {
     pub accepted: bool,
 }
 
+/// From a reincarnated node to the heir that settled its dead incarnation: "that
+/// incarnation was settling its ward `ward`'s incarnation `ward_incarnation`, which is dead
+/// (a later one exists), and the settlement is not in the ledger you settled it with; here
+/// is the ward's ledger" (a *ward handover*, see [`crate::node`], "Settlements across a
+/// multi-node cut", rule 9). Nobody else holds that ledger: without it the ward's estate is
+/// lost. Offered until acknowledged.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Handover {
+    /// The sender's dead incarnation.
+    pub incarnation: u64,
+    /// The dead ward.
+    pub ward: NodeId,
+    /// Its dead incarnation.
+    pub ward_incarnation: u64,
+    /// The ward's latest ledger the sender's dead incarnation held.
+    pub ledger: Ledger,
+}
+
+/// A heir's answer to a [`Handover`]: the ward's settlement is its business now, or was
+/// already (either way the sender stops offering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HandoverAck {
+    /// The receiver's dead incarnation the offer was about.
+    pub incarnation: u64,
+    /// The dead ward.
+    pub ward: NodeId,
+    /// Its dead incarnation.
+    pub ward_incarnation: u64,
+}
+
 /// Everything one node tells a neighbour in one send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
@@ -204,6 +235,10 @@ pub struct Message {
     pub late_folds: Vec<LateFold>,
     /// Answers to the receiver's late folds.
     pub late_acks: Vec<LateAck>,
+    /// Ward handovers offered to the heir that settled one of the sender's dead incarnations.
+    pub handovers: Vec<Handover>,
+    /// Answers to the receiver's ward handovers.
+    pub handover_acks: Vec<HandoverAck>,
 }
 
 impl Default for Message {
@@ -231,6 +266,8 @@ impl Default for Message {
             confirm: Vec::new(),
             late_folds: Vec::new(),
             late_acks: Vec::new(),
+            handovers: Vec::new(),
+            handover_acks: Vec::new(),
         }
     }
 }
@@ -312,6 +349,9 @@ impl Sink for Count {
 }
 
 fn write<S: Sink>(m: &Message, out: &mut S) {
+    // Ward handovers are rare: their two lists are written only when flagged (bit 5), so
+    // the usual message pays nothing for them.
+    let handovers = !(m.handovers.is_empty() && m.handover_acks.is_empty());
     out.push(VERSION);
     for v in [
         m.from_inc,
@@ -333,36 +373,11 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
     out.push(
         life | (u8::from(m.to_heir) << 2)
             | (u8::from(m.ledger.is_some()) << 3)
-            | (u8::from(m.all_keys) << 4),
+            | (u8::from(m.all_keys) << 4)
+            | (u8::from(handovers) << 5),
     );
     if let Some(l) = &m.ledger {
-        put(out, l.version);
-        put(out, l.holdings.len() as u64);
-        for h in &l.holdings {
-            put(out, u64::from(h.node));
-            out.push(match h.part {
-                Part::Full => 0,
-                Part::ReserveOnly => 1,
-                Part::ShareOnly => 2,
-            });
-        }
-        put(out, l.bases.len() as u64);
-        for &(k, b) in &l.bases {
-            put(out, k);
-            // Zigzag: small magnitudes of either sign stay short.
-            put(out, ((b << 1) ^ (b >> 63)) as u64);
-        }
-        put(out, l.wards.len() as u64);
-        for &n in &l.wards {
-            put(out, u64::from(n));
-        }
-        for list in [&l.neighbours, &l.settled, &l.folded] {
-            put(out, list.len() as u64);
-            for &(n, inc) in list {
-                put(out, u64::from(n));
-                put(out, inc);
-            }
-        }
+        put_ledger(out, l);
     }
     put(out, m.keys.len() as u64);
     for e in &m.keys {
@@ -428,6 +443,52 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         put(out, a.peer_incarnation);
         out.push(u8::from(a.accepted));
     }
+    if handovers {
+        put(out, m.handovers.len() as u64);
+        for h in &m.handovers {
+            put(out, h.incarnation);
+            put(out, u64::from(h.ward));
+            put(out, h.ward_incarnation);
+            put_ledger(out, &h.ledger);
+        }
+        put(out, m.handover_acks.len() as u64);
+        for a in &m.handover_acks {
+            put(out, a.incarnation);
+            put(out, u64::from(a.ward));
+            put(out, a.ward_incarnation);
+        }
+    }
+}
+
+/// A ledger, as in a message's header and in a [`Handover`].
+fn put_ledger<S: Sink>(out: &mut S, l: &Ledger) {
+    put(out, l.version);
+    put(out, l.holdings.len() as u64);
+    for h in &l.holdings {
+        put(out, u64::from(h.node));
+        out.push(match h.part {
+            Part::Full => 0,
+            Part::ReserveOnly => 1,
+            Part::ShareOnly => 2,
+        });
+    }
+    put(out, l.bases.len() as u64);
+    for &(k, b) in &l.bases {
+        put(out, k);
+        // Zigzag: small magnitudes of either sign stay short.
+        put(out, ((b << 1) ^ (b >> 63)) as u64);
+    }
+    put(out, l.wards.len() as u64);
+    for &n in &l.wards {
+        put(out, u64::from(n));
+    }
+    for list in [&l.neighbours, &l.settled, &l.folded] {
+        put(out, list.len() as u64);
+        for &(n, inc) in list {
+            put(out, u64::from(n));
+            put(out, inc);
+        }
+    }
 }
 
 /// Decodes a message; never panics.
@@ -461,7 +522,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let ledger_ack = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags >> 5 != 0 {
+    if flags >> 6 != 0 {
         return Err(WireError::Tag { tag: flags, at });
     }
     let lifecycle = match flags & 3 {
@@ -473,56 +534,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let to_heir = flags & 4 != 0;
     let all_keys = flags & 16 != 0;
     let ledger = if flags & 8 != 0 {
-        let version = r.var()?;
-        let n = r.count(2)?;
-        let mut holdings = Vec::with_capacity(n);
-        for _ in 0..n {
-            let node = r.id()?;
-            let at = r.at;
-            let part = match r.byte()? {
-                0 => Part::Full,
-                1 => Part::ReserveOnly,
-                2 => Part::ShareOnly,
-                tag => return Err(WireError::Tag { tag, at }),
-            };
-            holdings.push(Holding { node, part });
-        }
-        let n = r.count(2)?;
-        let mut bases = Vec::with_capacity(n);
-        for _ in 0..n {
-            let k = r.var()?;
-            let z = r.var()?;
-            bases.push((k, ((z >> 1) as i64) ^ -((z & 1) as i64)));
-        }
-        let n = r.count(1)?;
-        let mut wards = Vec::with_capacity(n);
-        for _ in 0..n {
-            wards.push(r.id()?);
-        }
-        let n = r.count(2)?;
-        let mut neighbours = Vec::with_capacity(n);
-        for _ in 0..n {
-            neighbours.push((r.id()?, r.var()?));
-        }
-        let n = r.count(2)?;
-        let mut settled = Vec::with_capacity(n);
-        for _ in 0..n {
-            settled.push((r.id()?, r.var()?));
-        }
-        let n = r.count(2)?;
-        let mut folded = Vec::with_capacity(n);
-        for _ in 0..n {
-            folded.push((r.id()?, r.var()?));
-        }
-        Some(Ledger {
-            version,
-            holdings,
-            bases,
-            neighbours,
-            wards,
-            settled,
-            folded,
-        })
+        Some(read_ledger(&mut r)?)
     } else {
         None
     };
@@ -648,6 +660,33 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
             accepted,
         });
     }
+    let mut handovers = Vec::new();
+    let mut handover_acks = Vec::new();
+    if flags & 32 != 0 {
+        let n = r.count(6)?;
+        handovers.reserve(n);
+        for _ in 0..n {
+            let incarnation = r.var()?;
+            let ward = r.id()?;
+            let ward_incarnation = r.var()?;
+            let ledger = read_ledger(&mut r)?;
+            handovers.push(Handover {
+                incarnation,
+                ward,
+                ward_incarnation,
+                ledger,
+            });
+        }
+        let n = r.count(3)?;
+        handover_acks.reserve(n);
+        for _ in 0..n {
+            handover_acks.push(HandoverAck {
+                incarnation: r.var()?,
+                ward: r.id()?,
+                ward_incarnation: r.var()?,
+            });
+        }
+    }
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
     }
@@ -672,8 +711,64 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         confirm,
         late_folds,
         late_acks,
+        handovers,
+        handover_acks,
     };
     Ok(())
+}
+
+/// A ledger written by `put_ledger`.
+fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
+    let version = r.var()?;
+    let n = r.count(2)?;
+    let mut holdings = Vec::with_capacity(n);
+    for _ in 0..n {
+        let node = r.id()?;
+        let at = r.at;
+        let part = match r.byte()? {
+            0 => Part::Full,
+            1 => Part::ReserveOnly,
+            2 => Part::ShareOnly,
+            tag => return Err(WireError::Tag { tag, at }),
+        };
+        holdings.push(Holding { node, part });
+    }
+    let n = r.count(2)?;
+    let mut bases = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = r.var()?;
+        let z = r.var()?;
+        bases.push((k, ((z >> 1) as i64) ^ -((z & 1) as i64)));
+    }
+    let n = r.count(1)?;
+    let mut wards = Vec::with_capacity(n);
+    for _ in 0..n {
+        wards.push(r.id()?);
+    }
+    let n = r.count(2)?;
+    let mut neighbours = Vec::with_capacity(n);
+    for _ in 0..n {
+        neighbours.push((r.id()?, r.var()?));
+    }
+    let n = r.count(2)?;
+    let mut settled = Vec::with_capacity(n);
+    for _ in 0..n {
+        settled.push((r.id()?, r.var()?));
+    }
+    let n = r.count(2)?;
+    let mut folded = Vec::with_capacity(n);
+    for _ in 0..n {
+        folded.push((r.id()?, r.var()?));
+    }
+    Ok(Ledger {
+        version,
+        holdings,
+        bases,
+        neighbours,
+        wards,
+        settled,
+        folded,
+    })
 }
 
 /// Bytes a varint takes.
@@ -847,6 +942,22 @@ mod tests {
                 peer: 5,
                 peer_incarnation: 1,
                 accepted: true,
+            }],
+            handovers: vec![Handover {
+                incarnation: 2,
+                ward: 7,
+                ward_incarnation: 1,
+                ledger: Ledger {
+                    version: 9,
+                    bases: vec![(1, 250)],
+                    neighbours: vec![(2, 1)],
+                    ..Ledger::default()
+                },
+            }],
+            handover_acks: vec![HandoverAck {
+                incarnation: 1,
+                ward: 8,
+                ward_incarnation: 3,
             }],
             ..Message::default()
         }
