@@ -1048,3 +1048,72 @@ fn every_single_overlap_without_loss_stays_strict() {
     }
     assert!(far.is_empty(), "{far:#?}");
 }
+
+/// `PROPTEST_RNG_SEED=9201` of `conservation_under_crashes` (21 % loss, random 6-node graph,
+/// one crash): eleven messages in a row from node 1 to its heir were lost while node 1's
+/// ward, node 0, crashed. Node 1 was declared dead (a false suspicion) before it could settle
+/// node 0, and node 0's first incarnation had adopted nobody else: its ledger died with
+/// node 1's incarnation and the run ended at 0.765 L. Node 1 now keeps that ledger as a
+/// candidate and hands it to the heir that settled it once it hears node 0's next
+/// incarnation (rule 9); the run ends exact.
+#[test]
+fn a_wards_ledger_is_handed_over_once_the_ward_restarts() {
+    let r = run_scenario(
+        6,
+        Topology::Random,
+        0.214_334_946_335_792_6,
+        0.064_556_222_281_604_04,
+        1,
+        false,
+        938_905_112_049_435_054,
+        vec![
+            Event::Demand(0, 0, 0.0),
+            Event::Demand(0, 0, 0.0),
+            Event::Demand(0, 0, 0.0),
+            Event::Run(14),
+            Event::CrashRestart(0, 19),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(r.ok(), Some(LIMIT));
+}
+
+/// Found by a random sweep while ward candidates (rule 9) had no `adopted` check: a 6-ring
+/// at 20 % loss with duplicates, four overlapping cut-and-crash events. Node 0's first
+/// incarnation kept node 5's ledger as a candidate when it was declared dead; node 5 was
+/// alive, adopted node 1 (the successor) and moved on along node 1's successors. When node
+/// 5 restarted many cycles later, node 0 handed its ancient ledger to node 1's new
+/// incarnation, which settled node 5's first incarnation while node 3 settled it with its
+/// fresh ledger: Σ enforced = L + 2.6 %. A heir now declines a handover of any ward
+/// incarnation one of its incarnations ever held.
+#[test]
+fn a_ward_that_moved_on_is_not_settled_from_a_stale_handover() {
+    let r = run_scenario(
+        6,
+        Topology::Ring,
+        0.195_113_105_956_737_06,
+        0.253_406_529_680_578_86,
+        0,
+        true,
+        13_930_084_583_070_981_786,
+        vec![
+            Event::CutThenCrash(0, 4, 21, 3),
+            Event::Demand(5, 0, 60_571.069_999_138_95),
+            Event::Run(2),
+            Event::CutThenCrash(1, 2, 17, 22),
+            Event::CutThenCrash(4, 5, 18, 21),
+            Event::CutThenCrash(0, 5, 6, 11),
+        ],
+        &[
+            1.478_893_595_518_658_8,
+            0.878_250_601_354_566_9,
+            0.526_384_510_109_127_7,
+            0.808_672_729_974_683_1,
+            1.157_356_103_146_059,
+            1.369_892_250_272_997,
+        ],
+        false,
+    );
+    assert!(r.is_ok(), "{r:?}");
+}
