@@ -1066,8 +1066,12 @@ impl Node {
         if matches!(self.lifecycle, Lifecycle::Active | Lifecycle::Joining) {
             self.lifecycle = Lifecycle::Leaving;
             self.leave_started = Some(now);
-            // A leaving node settles nobody: its wards pick another heir.
+            // A leaving node settles nobody: its wards pick another heir. That includes the
+            // wards of our dead incarnations still named after our node: one that moves to
+            // another heir now holds its latest ledger there, so ours must never be handed
+            // over (see `Node::take_handover`).
             self.wards.clear();
+            self.ward_candidates.clear();
         }
     }
 
@@ -2773,8 +2777,9 @@ impl Node {
     /// named the sender's dead incarnation its heir, which never told anyone of a settlement
     /// of it (or our ledger of the sender would list it as settled, and we decline). After
     /// that heir died the ward could name only the sender's next incarnation (which then
-    /// keeps no candidate of it) or us, as the dead heir's successor, and from us it moves
-    /// only to our successors: so if it never adopted us, the sender's ledger of it is its
+    /// keeps no candidate of it), another heir if that incarnation leaves (it then drops
+    /// every candidate), or us, as the dead heir's successor, and from us it moves only to
+    /// our successors: so if it never adopted us, the sender's ledger of it is its
     /// last. A version without the `adopted` check went over L (6-ring at 20 % loss, L +
     /// 2.6 %): the ward had adopted our earlier incarnation and moved on to its successors,
     /// one of which settled it with a fresher ledger while we settled it with the handed one.
@@ -2816,6 +2821,9 @@ impl Node {
     /// before adopting anyone left its ledger with us only: a 6-node graph at 21 % loss lost
     /// 0.23 L when a false suspicion of node 1 coincided with the crash of its ward.
     fn ward_died(&mut self, n: NodeId, inc: u64) {
+        if matches!(self.lifecycle, Lifecycle::Leaving | Lifecycle::Left) {
+            return;
+        }
         let dead: Vec<(NodeId, u64)> = self
             .ward_candidates
             .range((n, 0)..(n, inc))
