@@ -1151,6 +1151,7 @@ impl Node {
                 || !link.replies.is_empty()
                 || !link.late_acks.is_empty()
                 || !link.handover_acks.is_empty()
+                // Field by field (`link` is borrowed): `Node::handovers_to`.
                 || self
                     .handovers
                     .keys()
@@ -1255,9 +1256,15 @@ impl Node {
     /// through, and node 3 took a lease from node 0's new incarnation: Σ enforced = L +
     /// 10,750.
     fn orphaned(&self, now: Nanos) -> bool {
-        self.lease_inc != 0
-            && self.lifecycle == Lifecycle::Active
+        self.lifecycle == Lifecycle::Active
             && self.lease_state(now) == LeaseState::Expired
+            && self.lease_heir_gone()
+    }
+
+    /// The heir incarnation that granted our lease is no longer the one our heir's link is
+    /// with (we froze it, or our heir changed).
+    fn lease_heir_gone(&self) -> bool {
+        self.lease_inc != 0
             && self
                 .heir
                 .and_then(|h| self.links.get(&h))
@@ -1271,11 +1278,7 @@ impl Node {
     /// the next renewal, matters: a lease that runs out while the new incarnation's first
     /// answers are lost must not make us orphaned.
     fn heir_death_noted(&mut self, now: Nanos) {
-        let dead = self.lease_inc != 0
-            && self
-                .heir
-                .and_then(|h| self.links.get(&h))
-                .is_none_or(|l| l.inc != self.lease_inc);
+        let dead = self.lease_heir_gone();
         if dead && self.lease_state(now) != LeaseState::Expired {
             self.lease_inc = 0;
             self.orphaned_at = None;
@@ -1844,9 +1847,7 @@ impl Node {
         }
         if !self.handovers.is_empty() {
             message.handovers = self
-                .handovers
-                .iter()
-                .filter(|(k, _)| self.estate_heirs.get(&k.0) == Some(&to))
+                .handovers_to(to)
                 .map(
                     |(&(incarnation, ward, ward_incarnation), ledger)| Handover {
                         incarnation,
@@ -2725,6 +2726,13 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Our open ward handovers to `to` (the heir that settled their dead incarnation).
+    fn handovers_to(&self, to: NodeId) -> impl Iterator<Item = (&(u64, NodeId, u64), &Ledger)> {
+        self.handovers
+            .iter()
+            .filter(move |(k, _)| self.estate_heirs.get(&k.0) == Some(&to))
     }
 
     /// A late fold of `from`'s dead incarnation for a link with `f.peer`, whose answer came
