@@ -422,8 +422,8 @@ struct Link {
     indicator_at: Nanos,
     lifecycle: Lifecycle,
     pacing: Option<TokenAccount>,
-    /// Settlement replies waiting to go to this node (it is an heir settling someone).
-    replies: Vec<SettleReply>,
+    /// Answers waiting to go to the peer; `None` while there are none (nearly always).
+    mail: Option<Box<Mail>>,
     /// A dead verdict to tell this node.
     verdict: u64,
     /// A configured neighbour (vs a node we only settle with).
@@ -436,6 +436,16 @@ struct Link {
     /// `sent_at` of our latest message to the peer: `sent_at` strictly increases per link,
     /// so "sent before" is well defined for the peer's floor.
     last_sent: Nanos,
+}
+
+/// What a link's next message answers besides counters. Rare (settlements, retirements,
+/// late folds, handovers), so a link keeps it boxed: a link stays small, and the first touch
+/// of a cold link by a message reads fewer cache lines (the 1,000-node simulation is bound by
+/// those misses; see docs/BENCHMARKS.md).
+#[derive(Debug, Clone, Default)]
+struct Mail {
+    /// Settlement replies waiting to go to this node (it is an heir settling someone).
+    replies: Vec<SettleReply>,
     /// Keys whose retirement we confirm in our next message (see "Idle keys").
     confirm: BTreeSet<Key>,
     /// Answers to the peer's late folds, for our next message to it.
@@ -444,15 +454,33 @@ struct Link {
     handover_acks: Vec<HandoverAck>,
 }
 
+impl Link {
+    /// The link's mail, created on first use.
+    fn mail(&mut self) -> &mut Mail {
+        self.mail.get_or_insert_with(Box::default)
+    }
+
+    /// Answers are waiting to go to the peer (they oblige a message).
+    fn answers_waiting(&self) -> bool {
+        self.mail.as_ref().is_some_and(|m| {
+            !m.replies.is_empty() || !m.late_acks.is_empty() || !m.handover_acks.is_empty()
+        })
+    }
+}
+
+/// One key on one link. Every message reads all of a key's link-keys (the relay plan, the
+/// gifts), so this stays small: 88 bytes (was 120), with the peer's numbers kept as the `f32`
+/// the wire carries them in (widened on use, so nothing is rounded).
 #[derive(Debug, Clone, Copy, Default)]
 struct LinkKey {
     given: u64,
     seen: u64,
     acked: u64,
-    peer: Option<(f64, bool)>,
+    /// The peer's latest indicator and whether it is saturated.
+    peer: Option<(f32, bool)>,
     /// The peer's latest relay request to us: `(amount, hops, what it had received from us
     /// when it asked)`; what we gave since is already on its way.
-    relay: Option<(f64, u8, u64)>,
+    relay: Option<(f32, u8, u64)>,
     /// The relay request we last sent the peer (news is a material change of it).
     relay_sent: f32,
     /// `given` in the last message we sent the peer: a larger `given` is a gift that has
@@ -460,25 +488,57 @@ struct LinkKey {
     given_sent: u64,
     /// The peer's latest entry said the key is idle there.
     peer_idle: bool,
-    /// We proposed retiring this link's counters (they are balanced and frozen) in messages
-    /// sent at or after this time (our clock); see "Idle keys".
-    retiring: Option<Nanos>,
+    /// Where retiring this link's counters stands (see "Idle keys").
+    retirement: Retirement,
+}
+
+/// Retiring a link's balanced counters for one key (see "Idle keys"): at most one end
+/// proposes at a time from a given link-key's point of view, so the two waiting states
+/// exclude each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Retirement {
+    /// Nothing under way: gifts may cross.
+    #[default]
+    None,
+    /// We proposed retiring the counters (they are balanced and frozen) in messages sent at
+    /// or after this time (our clock).
+    Proposed(Nanos),
     /// We matched the peer's proposal sent at this time (its clock) and reset our counters;
     /// its entries for the key are ignored until it confirms.
-    tomb: Option<Nanos>,
+    Tomb(Nanos),
 }
+
+// The 1,000-node simulation is bound by cache misses on this state (docs/BENCHMARKS.md):
+// growing either struct is a choice, not an accident.
+const _: () = assert!(size_of::<LinkKey>() <= 88 && size_of::<Link>() <= 184);
 
 impl LinkKey {
     /// No gift may cross the link on this key while a retirement is under way.
     fn frozen(&self) -> bool {
-        self.retiring.is_some() || self.tomb.is_some()
+        self.retirement != Retirement::None
+    }
+
+    /// When we proposed retiring, if we did and the round is open.
+    fn retiring(&self) -> Option<Nanos> {
+        match self.retirement {
+            Retirement::Proposed(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The peer proposal we matched, if we are waiting for its confirmation.
+    fn tomb(&self) -> Option<Nanos> {
+        match self.retirement {
+            Retirement::Tomb(t) => Some(t),
+            _ => None,
+        }
     }
 
     /// What is left of the peer's relay request: the request less what we gave it since it
     /// asked (in flight when it asked, or given after).
     fn relay_open(&self) -> f64 {
         self.relay.map_or(0.0, |(r, _, seen)| {
-            (r - self.given.saturating_sub(seen) as f64).max(0.0)
+            (f64::from(r) - self.given.saturating_sub(seen) as f64).max(0.0)
         })
     }
 }
@@ -878,15 +938,12 @@ impl Node {
             indicator_at: 0,
             lifecycle: Lifecycle::Joining,
             pacing,
-            replies: Vec::new(),
+            mail: None,
             verdict: 0,
             neighbour,
             names_me_heir: false,
             floor: 0,
             last_sent: 0,
-            confirm: BTreeSet::new(),
-            late_acks: Vec::new(),
-            handover_acks: Vec::new(),
         }
     }
 
@@ -1148,9 +1205,7 @@ impl Node {
             let must = Some(p) == self.heir
                 || self.wards.contains_key(&p)
                 || link.names_me_heir
-                || !link.replies.is_empty()
-                || !link.late_acks.is_empty()
-                || !link.handover_acks.is_empty()
+                || link.answers_waiting()
                 // Field by field (`link` is borrowed): `Node::handovers_to`.
                 || self
                     .handovers
@@ -1532,6 +1587,7 @@ impl Node {
                     return None;
                 }
                 let (ind, sat) = lk.peer?;
+                let ind = f64::from(ind);
                 let g = law::gift(
                     &measure,
                     gamma,
@@ -1620,7 +1676,7 @@ impl Node {
                     && lk.given == lk.seen
                     && lk.acked == lk.given
                 {
-                    lk.retiring = Some(at);
+                    lk.retirement = Retirement::Proposed(at);
                 }
             }
         }
@@ -1786,10 +1842,10 @@ impl Node {
                     };
                     let relay = relay as f32;
                     let lk = ks.links.get(&to).copied().unwrap_or_default();
-                    if lk.retiring.is_some() {
+                    if lk.retiring().is_some() {
                         retire.push((key, lk.given));
                     }
-                    if let Some(t) = lk.tomb {
+                    if let Some(t) = lk.tomb() {
                         retired.push((key, t));
                     }
                     if (relay != lk.relay_sent || lk.given != lk.given_sent)
@@ -1817,6 +1873,7 @@ impl Node {
             Vec::new()
         };
         let dead_verdict = std::mem::take(&mut link.verdict);
+        let mail = link.mail.take().map(|m| *m).unwrap_or_default();
         let message = Message {
             from_inc: self.inc,
             to_inc: link.inc,
@@ -1830,16 +1887,16 @@ impl Node {
             ledger,
             keys: Vec::new(),
             settle_requests: requests,
-            settle_replies: std::mem::take(&mut link.replies),
+            settle_replies: mail.replies,
             succession: succession.map(|s| s.0),
             ledger_ack,
             retire,
             retired,
-            confirm: std::mem::take(&mut link.confirm).into_iter().collect(),
+            confirm: mail.confirm.into_iter().collect(),
             late_folds: Vec::new(),
-            late_acks: std::mem::take(&mut link.late_acks),
+            late_acks: mail.late_acks,
             handovers: Vec::new(),
-            handover_acks: std::mem::take(&mut link.handover_acks),
+            handover_acks: mail.handover_acks,
         };
         let mut message = message;
         if !self.late_folds.is_empty() {
@@ -2040,7 +2097,7 @@ impl Node {
                     if self
                         .links
                         .get(&asker)
-                        .is_some_and(|l| !l.replies.is_empty())
+                        .is_some_and(|l| l.mail.as_ref().is_some_and(|m| !m.replies.is_empty()))
                     {
                         self.send(asker, now);
                     }
@@ -2141,7 +2198,7 @@ impl Node {
             if fresh {
                 lk.peer_idle = e.idle;
             }
-            if lk.tomb.is_some() {
+            if lk.tomb().is_some() {
                 // Counters of the retired generation may still be in this message.
                 continue;
             }
@@ -2152,15 +2209,17 @@ impl Node {
                 // A gift of the retiring generation: the peer's `given` was never our `c`
                 // since we proposed, and never will be, so it cannot match (and a peer that
                 // matched gives nothing more in that generation): end the round.
-                lk.retiring = None;
+                if lk.retiring().is_some() {
+                    lk.retirement = Retirement::None;
+                }
             }
             if e.seen <= lk.given {
                 lk.acked = lk.acked.max(e.seen);
             }
             if fresh {
-                lk.peer = Some((f64::from(e.indicator), e.saturated));
+                lk.peer = Some((e.indicator, e.saturated));
                 let relay = (e.relay.is_finite() && e.relay >= 1.0).then_some((
-                    f64::from(e.relay),
+                    e.relay,
                     e.relay_hops,
                     e.seen,
                 ));
@@ -2237,9 +2296,9 @@ impl Node {
         // The peer reset after acknowledging our proposal: its entries are fresh from here.
         for k in &msg.confirm {
             if let Some(lk) = self.keys.get_mut(k).and_then(|ks| ks.links.get_mut(&from))
-                && lk.tomb.is_some_and(|t| msg.sent_at > t)
+                && lk.tomb().is_some_and(|t| msg.sent_at > t)
             {
-                lk.tomb = None;
+                lk.retirement = Retirement::None;
                 floor = floor.max(msg.sent_at);
             }
         }
@@ -2249,7 +2308,7 @@ impl Node {
             let lk = self.keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&from));
             let mut zeroed = None;
             match lk {
-                Some(lk) if lk.retiring.is_some_and(|t0| at >= t0) => {
+                Some(lk) if lk.retiring().is_some_and(|t0| at >= t0) => {
                     if lk.given != lk.seen {
                         // Cannot happen (see above); never confirm what we did not reset.
                         continue;
@@ -2277,7 +2336,9 @@ impl Node {
         }
         if let Some(l) = self.links.get_mut(&from) {
             l.floor = floor;
-            l.confirm.extend(confirm);
+            if !confirm.is_empty() {
+                l.mail().confirm.extend(confirm);
+            }
         }
         stale
     }
@@ -2287,7 +2348,7 @@ impl Node {
         for &(k, c) in &msg.retire {
             if let Some(ks) = self.keys.get_mut(&k)
                 && let Some(lk) = ks.links.get_mut(&from)
-                && lk.tomb.is_none()
+                && lk.tomb().is_none()
                 && c > 0
                 && lk.given == c
                 && lk.seen == c
@@ -2298,7 +2359,7 @@ impl Node {
                 *lk = LinkKey {
                     peer: lk.peer,
                     peer_idle: lk.peer_idle,
-                    tomb: Some(msg.sent_at),
+                    retirement: Retirement::Tomb(msg.sent_at),
                     ..LinkKey::default()
                 };
                 ks.zeroed(c);
@@ -2338,7 +2399,9 @@ impl Node {
         link.echo = 0;
         link.indicator_at = 0;
         link.floor = 0;
-        link.confirm.clear();
+        if let Some(m) = link.mail.as_mut() {
+            m.confirm.clear();
+        }
         self.usable_cache = None;
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
@@ -2448,9 +2511,9 @@ impl Node {
         let floor = self.dead_floor.entry(reply.dead).or_insert(0);
         *floor = (*floor).max(reply.incarnation);
         let link = self.link_entry(heir, 0, false);
-        link.replies
-            .retain(|r| !(r.dead == reply.dead && r.incarnation == reply.incarnation));
-        link.replies.push(reply);
+        let replies = &mut link.mail().replies;
+        replies.retain(|r| !(r.dead == reply.dead && r.incarnation == reply.incarnation));
+        replies.push(reply);
     }
 
     fn take_reply(&mut self, from: NodeId, r: &SettleReply) {
@@ -2816,8 +2879,9 @@ impl Node {
             ward_incarnation: wi,
         };
         let link = self.link_entry(from, 0, false);
-        if !link.handover_acks.contains(&ack) {
-            link.handover_acks.push(ack);
+        let acks = &mut link.mail().handover_acks;
+        if !acks.contains(&ack) {
+            acks.push(ack);
         }
     }
 
@@ -2962,8 +3026,9 @@ impl Node {
                 accepted,
             };
             let link = self.link_entry(from, 0, false);
-            if !link.late_acks.contains(&ack) {
-                link.late_acks.push(ack);
+            let acks = &mut link.mail().late_acks;
+            if !acks.contains(&ack) {
+                acks.push(ack);
             }
         }
         if accepted == Some(true)
@@ -3096,9 +3161,11 @@ impl Node {
             l.echo = 0;
             l.indicator_at = 0;
             l.verdict = 0;
-            l.replies.clear();
+            if let Some(m) = l.mail.as_mut() {
+                m.replies.clear();
+                m.confirm.clear();
+            }
             l.floor = 0;
-            l.confirm.clear();
         }
         // Answers held until our heir held our folded ledger can go now: the old
         // incarnation's estate is final (its heir settled it before telling us, with the
