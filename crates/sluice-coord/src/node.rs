@@ -278,6 +278,13 @@ pub struct Config {
     /// `idle_after` idle it is reclaimed (see the module docs, "Idle keys"). `None` keeps
     /// every key for ever.
     pub idle_after: Option<Nanos>,
+    /// Our final counters with a dead peer incarnation are kept for whoever settles it; a
+    /// node that outlives many restarts of its neighbours would keep one record per restart
+    /// (with every key) for ever. With `forget_after` set, a record nobody asked for in that
+    /// long is dropped, and a later request for it is never answered: that settlement then
+    /// waits, so the capacity is lost rather than counted twice (see docs/PROTOCOL.md,
+    /// "Forgetting old links"). `None` keeps every record.
+    pub forget_after: Option<Nanos>,
 }
 
 impl Config {
@@ -312,6 +319,7 @@ impl Config {
             relay: true,
             max_message_bytes: 60_000,
             idle_after: None,
+            forget_after: None,
         }
     }
 
@@ -686,6 +694,9 @@ struct Frozen {
     version: u64,
     /// Our incarnation that froze the link (its counters are that incarnation's).
     by_inc: u64,
+    /// When the record was last made or read for a settlement (our clock, as of the last
+    /// tick): see [`Config::forget_after`].
+    used: Nanos,
 }
 
 #[derive(Debug, Clone)]
@@ -778,6 +789,9 @@ pub struct Node {
     estate_versions: BTreeMap<u64, u64>,
     /// Final counters with dead incarnations, kept for their heir: per key `(F, S)`.
     frozen: BTreeMap<(NodeId, u64), Frozen>,
+    /// Records of `frozen` dropped after [`Config::forget_after`]: requests for them are
+    /// not answered (an empty answer would say the link carried nothing).
+    forgotten: BTreeSet<(NodeId, u64)>,
     /// The sides of the links our dead incarnations still had live when told they were
     /// dead (never frozen, so in no estate): per `(peer, peer incarnation, our dead
     /// incarnation)`.
@@ -821,7 +835,9 @@ pub struct Node {
     /// The current heir (the configured one until it leaves).
     heir: Option<NodeId>,
     outbox: Vec<Outgoing>,
-    last_tick: Option<Nanos>,
+    /// The latest tick's time (creation time before the first): the clock of the events
+    /// that have no `now` of their own (see `Frozen::used`).
+    last_tick: Nanos,
     /// Keys reclaimed since the last [`Node::ready`].
     reclaimed: Vec<Key>,
     /// [`Node::usable`] as last worked out, while it still holds (see [`UsableCache`]).
@@ -895,6 +911,7 @@ impl Node {
             settled_with: BTreeMap::new(),
             estate_versions: BTreeMap::new(),
             frozen: BTreeMap::new(),
+            forgotten: BTreeSet::new(),
             final_sides: BTreeMap::new(),
             estate_heirs: BTreeMap::new(),
             late_folds: BTreeMap::new(),
@@ -919,7 +936,7 @@ impl Node {
             held: BTreeSet::new(),
             successions: BTreeMap::new(),
             outbox: Vec::new(),
-            last_tick: None,
+            last_tick: now,
             reclaimed: Vec::new(),
             usable_cache: None,
             cfg,
@@ -1064,6 +1081,14 @@ impl Node {
         self.keys.get(&key).map_or(0.0, |k| k.demand.estimate())
     }
 
+    /// Records this node keeps of its links with dead peer incarnations (one per dead
+    /// incarnation it had a link with, each with every key of that link), for whoever settles
+    /// them: see [`Config::forget_after`].
+    #[must_use]
+    pub fn dead_link_records(&self) -> usize {
+        self.frozen.len()
+    }
+
     /// Keys with state here.
     pub fn active_keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.keys.keys().copied()
@@ -1156,7 +1181,7 @@ impl Node {
     /// One cycle: settle dead wards, give capacity by the law, send messages. `draw` returns
     /// uniform random numbers in `[0, 1)` (used by randomized pacing).
     pub fn tick(&mut self, now: Nanos, draw: &mut dyn FnMut() -> f64) {
-        self.last_tick = Some(now);
+        self.last_tick = self.last_tick.max(now);
         if self.lifecycle == Lifecycle::Left {
             return;
         }
@@ -1170,6 +1195,7 @@ impl Node {
             self.reincarnate(now, self.inc, None, None);
         }
         self.check_wards(now);
+        self.forget_old_links(now);
         self.replace_leaving_heir(now);
         self.restore_heir(now);
         self.update_quiet(now);
@@ -2422,8 +2448,42 @@ impl Node {
                 counters: rec,
                 version,
                 by_inc: self.inc,
+                used: self.last_tick,
             },
         );
+    }
+
+    /// Drops the records of links with dead incarnations that nobody asked about for
+    /// [`Config::forget_after`] (see docs/PROTOCOL.md, "Forgetting old links"). A record
+    /// is kept while anything of ours may still read it: a settlement of that incarnation
+    /// under way or to come (a ward record), a late fold or a held answer naming it, and
+    /// until our heir holds the ledger version that froze it.
+    fn forget_old_links(&mut self, now: Nanos) {
+        let Some(after) = self.cfg.forget_after else {
+            return;
+        };
+        if self.frozen.is_empty() {
+            return;
+        }
+        let no_heir = self.heir.is_none();
+        let stale: Vec<(NodeId, u64)> = self
+            .frozen
+            .iter()
+            .filter(|&(&(d, i), r)| {
+                now.saturating_sub(r.used) >= after
+                    && (no_heir || r.version <= self.ledger_acked)
+                    && !self.settling.contains_key(&(d, i))
+                    && self.wards.get(&d).is_none_or(|w| w.inc != i)
+                    && !self.ward_candidates.contains_key(&(d, i))
+                    && !self.late_folds.contains_key(&(r.by_inc, d, i))
+                    && !self.held.iter().any(|&(_, hd, hi)| (hd, hi) == (d, i))
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        for k in stale {
+            self.frozen.remove(&k);
+            self.forgotten.insert(k);
+        }
     }
 
     fn answer_settle(&mut self, heir: NodeId, dead: NodeId, inc: u64) {
@@ -2432,6 +2492,12 @@ impl Node {
         }
         if self.links.get(&dead).is_some_and(|l| l.inc == inc) {
             self.freeze(dead, inc);
+        }
+        match self.frozen.get_mut(&(dead, inc)) {
+            Some(r) => r.used = r.used.max(self.last_tick),
+            // We dropped our side (`Config::forget_after`): no answer is the only true one.
+            None if self.forgotten.contains(&(dead, inc)) => return,
+            None => {}
         }
         let mut replier_incarnation = self.inc;
         let mut in_estate = true;
@@ -2625,6 +2691,11 @@ impl Node {
     /// neighbours for their counters.
     fn settle(&mut self, n: NodeId, ward: Ward) {
         let inc = ward.inc;
+        // Our own side of the link with it is forgotten (`Config::forget_after`): the estate
+        // cannot be counted exactly, so it is not counted (lost, never counted twice).
+        if self.forgotten.contains(&(n, inc)) && !self.frozen.contains_key(&(n, inc)) {
+            return;
+        }
         // Our own heir (mutual heirs): its ledger says whether it had settled us. If not, it
         // never did (a settlement acts on others only once its heir, us, holds a ledger
         // recording it), so its next incarnation can be trusted with our lease (see
@@ -3119,6 +3190,8 @@ impl Node {
                 counters,
                 version: side_version,
                 by_inc: old,
+                // Final sides are never forgotten (only a reincarnation makes them).
+                used: now,
             };
             self.final_sides.insert((p, l.inc, old), side);
         }

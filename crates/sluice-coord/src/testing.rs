@@ -126,7 +126,7 @@ impl NetConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Add a node with this configuration (a joiner).
-    AddNode(Config),
+    AddNode(Box<Config>),
     /// Crash a node (it forgets everything, sends and enforces nothing).
     Crash(NodeId),
     /// Restart a crashed node as a new incarnation.
@@ -356,6 +356,7 @@ impl Cluster {
         self.log.push(format!("{step:?}"));
         match step {
             Step::AddNode(cfg) => {
+                let cfg = *cfg;
                 let id = cfg.id;
                 let local = self.local(id);
                 if let Ok(node) = Node::new(cfg.clone(), local) {

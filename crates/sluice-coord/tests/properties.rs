@@ -174,6 +174,26 @@ proptest! {
         run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, false)?;
     }
 
+    /// `Config::forget_after`, far shorter than a daemon's ten minutes (three leases): a
+    /// node drops its side of a link with a dead incarnation once nobody asked for it that
+    /// long, and never answers for it again. Whatever is forgotten, and when, Σ enforced ≤ L
+    /// at every event (strict modes): a settlement that would have needed a forgotten side
+    /// waits instead (capacity lost, never counted twice; seed 003 §IV's guarantee kept on
+    /// the safe side). Crashes, single and group cuts and overlapping failures.
+    #[test]
+    fn safety_when_old_links_are_forgotten(
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(
+            prop_oneof![event(true, true), group_event(), overlap_event()], 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        let net = (loss, dup, delay);
+        run_scenario_with(
+            n, topology, net, reserved, seed, events, &shape, false, Some(30 * CYCLE),
+        )?;
+    }
+
     /// The decoder never panics on arbitrary bytes.
     #[test]
     fn decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
@@ -393,6 +413,23 @@ fn run_scenario(
     shape: &[f64],
     exact: bool,
 ) -> Result<u64, TestCaseError> {
+    let net = (loss, dup, delay);
+    run_scenario_with(n, topology, net, reserved, seed, events, shape, exact, None)
+}
+
+/// [`run_scenario`] with `Config::forget_after` set to `forget`.
+#[allow(clippy::too_many_arguments)]
+fn run_scenario_with(
+    n: u32,
+    topology: Topology,
+    (loss, dup, delay): (f64, f64, u64),
+    reserved: bool,
+    seed: u64,
+    events: Vec<Event>,
+    shape: &[f64],
+    exact: bool,
+    forget: Option<u64>,
+) -> Result<u64, TestCaseError> {
     let edges = topology.edges(n, seed);
     let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
         let d: f64 = links.iter().map(|l| l.1).sum();
@@ -404,6 +441,7 @@ fn run_scenario(
         if reserved {
             c.fallback = Fallback::Reserved(0.3);
         }
+        c.forget_after = forget;
         // Half the cases with token accounts (seed 004): the relay then also gives and
         // forwards requests reactively, inside message handling.
         if seed & 1 == 1 {

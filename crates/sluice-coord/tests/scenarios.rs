@@ -347,7 +347,7 @@ fn join_and_leave_conserve() {
     c.apply(Step::Run(20));
     let mut joiner = cfg(4, 1.0 / 6.0, limit)(9, vec![(0, 1.0), (2, 1.0)]);
     joiner.heir = Some(0);
-    c.apply(Step::AddNode(joiner));
+    c.apply(Step::AddNode(Box::new(joiner)));
     c.apply(Step::SetDemand(9, KEY, 9_000.0));
     c.apply(Step::Run(1));
     assert_eq!(c.node(9).unwrap().own(KEY), 0);
@@ -955,6 +955,62 @@ fn a_dead_wards_ledger_is_handed_to_the_settler_of_its_heir() {
             );
             assert_eq!(c.sum_own(KEY), limit, "{case}");
             assert_eq!(c.sum_enforced(KEY), limit, "{case}");
+        }
+    }
+}
+
+/// Rolling restarts, the daemon's everyday failure: one node restarted twelve times, by
+/// `kill -9` or gracefully (leave, then restart). Every neighbour freezes its link with each
+/// dead incarnation and keeps the record (with every key) for whoever settles it. Without
+/// `Config::forget_after` the records pile up, one per restart; with it, a record nobody
+/// asked for in that long is dropped, so state stays bounded — and every settlement still
+/// ends exact (Σ own = L for every key after each restart, seed 003 §IV), since each was
+/// finished long before its records were forgotten.
+#[test]
+fn rolling_restarts_forget_old_links() {
+    let n = 4;
+    let limit = 100_000;
+    for graceful in [false, true] {
+        for forget in [None, Some(5 * LEASE)] {
+            let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
+                let mut c = cfg(n, 0.1, limit)(id, links);
+                c.forget_after = forget;
+                c
+            };
+            let mut c = Cluster::new(n, &complete(n), make, NetConfig::perfect(), 9).unwrap();
+            for id in 0..n {
+                for k in 0..50u64 {
+                    let r = 100.0 + f64::from(id) * 50.0 + k as f64;
+                    c.apply(Step::SetDemand(id, k, r));
+                }
+            }
+            c.apply(Step::Run(40));
+            for round in 0..12 {
+                if graceful {
+                    c.apply(Step::Leave(3));
+                    c.apply(Step::Run(30));
+                }
+                c.apply(Step::Crash(3));
+                c.apply(Step::Run(30));
+                c.apply(Step::Restart(3));
+                c.apply(Step::Run(60));
+                for k in 0..50u64 {
+                    assert_eq!(
+                        c.sum_own(k),
+                        limit,
+                        "graceful {graceful} {forget:?} round {round}"
+                    );
+                }
+            }
+            assert!(c.violations.is_empty(), "{:?}", c.violations);
+            for id in 0..3 {
+                let kept = c.node(id).unwrap().dead_link_records();
+                match forget {
+                    None => assert_eq!(kept, 12, "node {id}: one record per restart"),
+                    // The last restart's record is younger than five leases (60 cycles).
+                    Some(_) => assert!(kept <= 1, "node {id} kept {kept}"),
+                }
+            }
         }
     }
 }

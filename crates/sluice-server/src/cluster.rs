@@ -100,6 +100,10 @@ pub struct ClusterSpec {
     /// A key with no demand for this long gives its capacity back and its state is dropped
     /// (`sluice_coord` "Idle keys"); it comes back from the static split.
     pub idle_after: Duration,
+    /// A record of a link with a dead peer incarnation that no settlement asked about for
+    /// this long is dropped (`sluice_coord::node::Config::forget_after`): without it every
+    /// restart of a neighbour would leave one record with every key here for good.
+    pub forget_after: Duration,
     /// Where the incarnation is kept across restarts (`sluice serve --state-file`). It is
     /// rewritten whenever this node comes back as a new incarnation while running (declared
     /// dead by its heir), so that the next start comes back above every incarnation it has
@@ -122,6 +126,9 @@ impl ClusterSpec {
             fallback: Fallback::None,
             incarnation: 1,
             idle_after: Duration::from_secs(30),
+            // Settlements finish within a few leases; ten minutes leaves room for a heir
+            // cut off from us that long, and bounds what rolling restarts leave behind.
+            forget_after: Duration::from_secs(600),
             state_file: None,
         }
     }
@@ -379,6 +386,7 @@ impl<T: Transport> Cluster<T> {
         // Keys with no demand for this long give their capacity back and are forgotten
         // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
         cfg.idle_after = Some(nanos(spec.idle_after));
+        cfg.forget_after = Some(nanos(spec.forget_after));
         // One message must fit one datagram with its frame.
         cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
         let start = Instant::now();
@@ -836,6 +844,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             members,
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
             keys,
+            dead_link_records: node.dead_link_records(),
             peer: PeerCounters {
                 messages_sent: c.messages_sent.load(Ordering::Relaxed),
                 bytes_sent: c.bytes_sent.load(Ordering::Relaxed),

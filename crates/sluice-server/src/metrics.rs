@@ -22,7 +22,7 @@
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key` |
-//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds` | gauge | |
+//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_link_records` | gauge | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`) |
 //!
@@ -435,6 +435,12 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         "sluice_cluster_default_share",
         "Share of a cluster key this node has no state for",
         s.default_share,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_dead_link_records",
+        "Records kept of links with dead peer incarnations, for their settlement",
+        s.dead_link_records as f64,
     )?;
     gauge(
         encoder,

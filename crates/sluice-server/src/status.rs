@@ -41,6 +41,9 @@ pub struct ClusterStatus {
     pub default_share: f64,
     /// Shares of the keys with state.
     pub keys: Vec<KeyShareStatus>,
+    /// Records kept of links with dead peer incarnations, for whoever settles them (one per
+    /// neighbour restart, dropped once no settlement asked for ten minutes).
+    pub dead_link_records: usize,
     /// Peer transport counters.
     pub peer: PeerCounters,
 }
@@ -63,6 +66,7 @@ impl ClusterStatus {
             members: Vec::new(),
             default_share: 1.0,
             keys: Vec::new(),
+            dead_link_records: 0,
             peer: PeerCounters::default(),
         }
     }
