@@ -1,0 +1,182 @@
+//! What goes to a peer: the ledger for the heir, every active key's counters, settlement
+//! traffic, split to fit a datagram.
+
+use super::*;
+
+impl Node {
+    pub(super) fn ledger(&self) -> Ledger {
+        Ledger {
+            version: self.ledger_version,
+            holdings: self.holdings.clone(),
+            bases: self
+                .keys
+                .iter()
+                .filter(|(_, k)| i128::from(k.base) != i128::from(self.default_base))
+                .map(|(&key, k)| (key, k.base))
+                .collect(),
+            neighbours: self
+                .links
+                .iter()
+                .filter(|(_, l)| l.neighbour)
+                .map(|(p, l)| (*p, l.inc))
+                .collect(),
+            wards: self.wards.keys().copied().collect(),
+            settled: self.settled.iter().map(|(&n, &i)| (n, i)).collect(),
+            // Only this incarnation's folds are in these bases. A link an earlier
+            // incarnation of ours froze went into that incarnation's estate, and the same
+            // peer incarnation may have linked with us again since (a ward whose settlement
+            // died unannounced, rule 6): listing it made our heir skip that peer's answer
+            // for the live link and count our side of it twice (L + 1.6 %, 5-ring).
+            folded: self
+                .frozen
+                .iter()
+                .filter(|(_, r)| r.by_inc == self.inc)
+                .map(|(&link, _)| link)
+                .collect(),
+        }
+    }
+
+    pub(super) fn send(&mut self, to: NodeId, now: Nanos) {
+        if self.relaying(now) {
+            let usable = self.usable(now);
+            self.send_with(to, now, &usable, None);
+        } else {
+            self.send_with(to, now, &[], None);
+        }
+    }
+
+    /// [`Node::send`] with the usable neighbours already worked out (`Node::usable` at `now`;
+    /// only read when relaying) and, if given, every key's [`RelayPlan`] (in key order, from
+    /// [`Node::relay_plans`] on the current state).
+    pub(super) fn send_with(
+        &mut self,
+        to: NodeId,
+        now: Nanos,
+        usable: &[(NodeId, f64)],
+        plans: Option<&[Option<RelayPlan>]>,
+    ) {
+        let to_heir =
+            Some(to) == self.heir && self.lifecycle != Lifecycle::Left && !self.orphaned(now);
+        let ledger = to_heir.then(|| self.ledger());
+        let requests: Vec<(NodeId, u64)> = self
+            .settling
+            .iter()
+            .filter(|(_, s)| self.announced(s.version) && s.waiting.contains(&to))
+            .map(|(&(n, inc), _)| (n, inc))
+            .collect();
+        let saturated_all =
+            self.lifecycle != Lifecycle::Active || self.lease_state(now) == LeaseState::Expired;
+        let measure = self.cfg.measure;
+        let ledger_ack = self.wards.get(&to).map_or(0, |w| w.ledger.version);
+        let succession = self
+            .successions
+            .get(&to)
+            .copied()
+            .filter(|s| self.announced(s.1));
+        let relaying = self.relaying(now);
+        let (max_hops, reservation) = (self.max_hops(), self.reservation);
+        let Some(link) = self.links.get_mut(&to) else {
+            return;
+        };
+        // Strictly increasing per link (see `Link::floor`); at most a few ns ahead of `now`.
+        let sent_at = now.max(link.last_sent + 1);
+        link.last_sent = sent_at;
+        let mut retire = Vec::new();
+        let mut retired = Vec::new();
+        let keys: Vec<KeyEntry> = if link.neighbour {
+            self.keys
+                .iter_mut()
+                .enumerate()
+                .map(|(i, (&key, ks))| {
+                    let (relay, relay_hops) = if relaying {
+                        let plan = plans
+                            .and_then(|v| v.get(i).copied())
+                            .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
+                        Self::relay_ask(plan, to, usable)
+                    } else {
+                        (0.0, 0)
+                    };
+                    let relay = relay as f32;
+                    let lk = ks.links.get(&to).copied().unwrap_or_default();
+                    if lk.retiring().is_some() {
+                        retire.push((key, lk.given));
+                    }
+                    if let Some(t) = lk.tomb() {
+                        retired.push((key, t));
+                    }
+                    if (relay != lk.relay_sent || lk.given != lk.given_sent)
+                        && let Some(l) = ks.links.get_mut(&to)
+                    {
+                        l.relay_sent = relay;
+                        l.given_sent = l.given;
+                    }
+                    let own = ks.own();
+                    let demand = ks.demand.estimate();
+                    KeyEntry {
+                        key,
+                        given: lk.given,
+                        seen: lk.seen,
+                        indicator: measure.indicator(demand, own as f64) as f32,
+                        saturated: saturated_all
+                            || (matches!(measure, Measure::Allowed) && own as f64 >= demand),
+                        relay,
+                        relay_hops,
+                        idle: ks.quiet,
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let dead_verdict = std::mem::take(&mut link.verdict);
+        let mail = link.mail.take().map(|m| *m).unwrap_or_default();
+        let message = Message {
+            from_inc: self.inc,
+            to_inc: link.inc,
+            sent_at,
+            echo: link.echo,
+            lifecycle: self.lifecycle,
+            to_heir,
+            all_keys: link.neighbour,
+            dead_verdict,
+            verdict_version: self.settled_with.get(&(to, dead_verdict)).copied(),
+            ledger,
+            keys: Vec::new(),
+            settle_requests: requests,
+            settle_replies: mail.replies,
+            succession: succession.map(|s| s.0),
+            ledger_ack,
+            retire,
+            retired,
+            confirm: mail.confirm.into_iter().collect(),
+            late_folds: Vec::new(),
+            late_acks: mail.late_acks,
+            handovers: Vec::new(),
+            handover_acks: mail.handover_acks,
+        };
+        let mut message = message;
+        if !self.late_folds.is_empty() {
+            message.late_folds = self.late_offers_to(to);
+        }
+        if !self.handovers.is_empty() {
+            message.handovers = self
+                .handovers_to(to)
+                .map(
+                    |(&(incarnation, ward, ward_incarnation), ledger)| Handover {
+                        incarnation,
+                        ward,
+                        ward_incarnation,
+                        ledger: ledger.clone(),
+                    },
+                )
+                .collect();
+        }
+        split(
+            message,
+            keys,
+            self.cfg.max_message_bytes,
+            to,
+            &mut self.outbox,
+        );
+    }
+}
