@@ -107,6 +107,20 @@
 //! static split); flows that went round a cycle of nodes that hold no base (joiners,
 //! restarted nodes) can leave debts nobody can pay first (kept, never unsafe).
 //!
+//! # Re-minting after a whole-cluster restart
+//!
+//! A restarted member holds only its reservation; its initial share comes back as an
+//! inheritance. When every node restarts at once nobody is left to inherit from. A node that
+//! holds its reservation and nothing else, never gave nor received, and keeps nothing that
+//! could bring capacity back (no settlement, no ward holding more than its reservation, no
+//! handover or late fold) is *pristine*, and says so with the digest of its view of the
+//! cluster ([`wire::Census`]). When every neighbour claims the same view, nothing but the
+//! reservations exists anywhere, and each member takes its own initial share back, once per
+//! incarnation; it then vouches for that view, so a member that missed the round re-mints
+//! too. Messages of an incarnation older than the one a link is with are dropped, so no
+//! late message of a dead one can bring its capacity back afterwards. All views agree only
+//! where every node links with every other (the daemon's default topology).
+//!
 //! # Big batches
 //!
 //! One send to a neighbour carries every active key; beyond
@@ -145,6 +159,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+mod census;
 mod handover;
 mod heir;
 mod idle;
@@ -163,8 +178,8 @@ use crate::law::{self, Measure, Peer};
 use crate::pacing::{Strategy, TokenAccount};
 use crate::stability::{self, ConfigError};
 use crate::wire::{
-    self, Handover, HandoverAck, Holding, Key, KeyEntry, LateAck, LateFold, Ledger, Lifecycle,
-    Message, NodeId, Part, SettleReply,
+    self, Census, Handover, HandoverAck, Holding, Key, KeyEntry, LateAck, LateFold, Ledger,
+    Lifecycle, Message, NodeId, Part, SettleReply,
 };
 
 /// Nanoseconds on this node's own clock.
@@ -853,6 +868,13 @@ pub struct Node {
     reclaimed: Vec<Key>,
     /// [`Node::usable`] as last worked out, while it still holds (see [`UsableCache`]).
     usable_cache: Option<UsableCache>,
+    /// What our messages claim (see `census`). Worked out at every tick; cleared as soon as
+    /// an event may change it.
+    census: Option<Census>,
+    /// Each neighbour's latest claim, with the incarnation that made it, while it makes one.
+    census_heard: BTreeMap<NodeId, (u64, Census)>,
+    /// The view this incarnation took its initial share back in, if it did.
+    reminted: Option<u64>,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -923,6 +945,9 @@ impl Node {
             estate_versions: BTreeMap::new(),
             frozen: BTreeMap::new(),
             forgotten: BTreeSet::new(),
+            census: None,
+            census_heard: BTreeMap::new(),
+            reminted: None,
             final_sides: BTreeMap::new(),
             estate_heirs: BTreeMap::new(),
             late_folds: BTreeMap::new(),
@@ -1207,6 +1232,7 @@ impl Node {
         }
         self.check_wards(now);
         self.forget_old_links(now);
+        self.take_census(now);
         self.replace_leaving_heir(now);
         self.restore_heir(now);
         self.update_quiet(now);
@@ -1402,6 +1428,13 @@ impl Node {
             }
             return;
         }
+        // An incarnation older than the one our link is with is dead (incarnations only grow,
+        // and a node runs one at a time). Without this, a late message of one we never linked
+        // with took the link back to it: the newer incarnation's counters would then be
+        // frozen as its, and its ledger adopted as a ward's (see `Node::take_census`).
+        if self.links.get(&from).is_some_and(|l| l.inc > msg.from_inc) {
+            return;
+        }
         let known = self.links.get(&from).is_some_and(|l| l.neighbour);
         if !known && msg.lifecycle == Lifecycle::Joining && msg.to_inc == 0 {
             // A joiner introduces itself: accept the link if the stability bound still holds.
@@ -1432,6 +1465,10 @@ impl Node {
             self.heir_death_noted(now);
         }
         let up = 2 * self.cfg.cycle;
+        if self.links.get(&from).is_none_or(|l| l.inc != msg.from_inc) {
+            // Our view changes (see `Node::take_census`).
+            self.census = None;
+        }
         let (fresh, usable_now) = {
             let link = self.link_entry(from, now, false);
             if link.inc != msg.from_inc {
@@ -1511,6 +1548,18 @@ impl Node {
         if fresh && let Some(l) = self.links.get_mut(&from) {
             l.names_me_heir = msg.to_heir;
         }
+        // The sender's census claim (see `Node::take_census`); costs nothing while nobody
+        // makes one.
+        if fresh && (msg.census.is_some() || !self.census_heard.is_empty()) {
+            match msg.census {
+                Some(d) => {
+                    self.census_heard.insert(from, (msg.from_inc, d));
+                }
+                None => {
+                    self.census_heard.remove(&from);
+                }
+            }
+        }
         // A ward record needs a message addressed to this very incarnation: a restarted heir
         // must not adopt (and later settle) a ward that named its previous incarnation.
         if fresh && self.lifecycle != Lifecycle::Leaving {
@@ -1532,6 +1581,7 @@ impl Node {
                     self.ward_candidates.remove(&(from, msg.from_inc));
                     self.adopted.insert((from, msg.from_inc));
                     self.wards.insert(from, w);
+                    self.census = None;
                     self.successions.remove(&from);
                     if newer {
                         // Acknowledge at once: the ward may hold settlement replies for it.
@@ -1631,6 +1681,8 @@ impl Node {
         let mut notify = StackVec::<NodeId, 16>::new();
         if news {
             notify.push(from);
+            // A gift came: we are not pristine any more (see `Node::take_census`).
+            self.census = None;
         }
         // The usable neighbours, once for the whole message (the sends below change none).
         let mut plans = StackVec::<Option<RelayPlan>, 4>::new();

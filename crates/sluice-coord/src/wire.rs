@@ -11,8 +11,9 @@ pub type Key = u64;
 
 /// 2: settlement replies name the replier's incarnation. 3: ledger neighbours, verdict
 /// versions, `in_estate`. 4: late folds and their acknowledgements. 5: ward handovers and
-/// their acknowledgements (header flag bit 5; absent, they cost nothing).
-const VERSION: u8 = 5;
+/// their acknowledgements (header flag bit 5; absent, they cost nothing). 6: the census of a
+/// restarted cluster (header flag bit 6, idem).
+const VERSION: u8 = 6;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -239,6 +240,22 @@ pub struct Message {
     pub handovers: Vec<Handover>,
     /// Answers to the receiver's ward handovers.
     pub handover_acks: Vec<HandoverAck>,
+    /// The sender's census claim, if it makes one (see [`Census`]).
+    pub census: Option<Census>,
+}
+
+/// A claim about a restarted cluster (see [`crate::node`], "Re-minting after a whole-cluster
+/// restart"). `view` is the digest of the sender's view of the cluster: every node it links
+/// with at the incarnation it knows, and itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    /// Digest of the sender's view.
+    pub view: u64,
+    /// `false`: the sender is *pristine* (a restarted node that holds its reservation and
+    /// nothing else, never gave nor received, and keeps nothing of any other incarnation).
+    /// `true`: the sender took its initial share back because every node of this view was
+    /// pristine; a member of the same view that has not yet may too.
+    pub reminted: bool,
 }
 
 impl Default for Message {
@@ -268,6 +285,7 @@ impl Default for Message {
             late_acks: Vec::new(),
             handovers: Vec::new(),
             handover_acks: Vec::new(),
+            census: None,
         }
     }
 }
@@ -374,7 +392,8 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         life | (u8::from(m.to_heir) << 2)
             | (u8::from(m.ledger.is_some()) << 3)
             | (u8::from(m.all_keys) << 4)
-            | (u8::from(handovers) << 5),
+            | (u8::from(handovers) << 5)
+            | (u8::from(m.census.is_some()) << 6),
     );
     if let Some(l) = &m.ledger {
         put_ledger(out, l);
@@ -458,6 +477,10 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             put(out, a.ward_incarnation);
         }
     }
+    if let Some(c) = m.census {
+        put(out, c.view);
+        out.push(u8::from(c.reminted));
+    }
 }
 
 /// A ledger, as in a message's header and in a [`Handover`].
@@ -522,7 +545,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let ledger_ack = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags >> 6 != 0 {
+    if flags >> 7 != 0 {
         return Err(WireError::Tag { tag: flags, at });
     }
     let lifecycle = match flags & 3 {
@@ -687,6 +710,18 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
             });
         }
     }
+    let census = if flags & 64 != 0 {
+        let view = r.var()?;
+        let at = r.at;
+        let reminted = match r.byte()? {
+            0 => false,
+            1 => true,
+            t => return Err(WireError::Tag { tag: t, at }),
+        };
+        Some(Census { view, reminted })
+    } else {
+        None
+    };
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
     }
@@ -713,6 +748,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         late_acks,
         handovers,
         handover_acks,
+        census,
     };
     Ok(())
 }
@@ -959,6 +995,10 @@ mod tests {
                 ward: 8,
                 ward_incarnation: 3,
             }],
+            census: Some(Census {
+                view: 0xdead_beef_f00d,
+                reminted: true,
+            }),
             ..Message::default()
         }
     }

@@ -7,8 +7,8 @@ use sluice_coord::law::jfi;
 use sluice_coord::node::{Config, Fallback};
 use sluice_coord::testing::{Cluster, NetConfig, Rng, Step, complete, random_connected, ring};
 use sluice_coord::wire::{
-    self, Handover, HandoverAck, Holding, KeyEntry, LateAck, LateFold, Ledger, Lifecycle, Message,
-    NodeId, Part, SettleReply,
+    self, Census, Handover, HandoverAck, Holding, KeyEntry, LateAck, LateFold, Ledger, Lifecycle,
+    Message, NodeId, Part, SettleReply,
 };
 
 const CYCLE: u64 = 100_000_000;
@@ -27,6 +27,14 @@ enum Event {
     /// Overlapping failures: node `a` cut off; `d1` cycles later node `b` crashes; `d2`
     /// cycles after that `b` restarts and the cut heals.
     CutThenCrash(u32, u32, u64, u64),
+    /// Every node crashes at once; `d` cycles later they restart, `gap` cycles apart.
+    RestartAll(u64, u64),
+}
+
+/// Whole-cluster restarts among the crashes and cuts.
+fn restart_all_event() -> impl Strategy<Value = Event> {
+    let all = (1u64..20, 0u64..6).prop_map(|(d, gap)| Event::RestartAll(d, gap));
+    prop_oneof![all, event(true, true)]
 }
 
 /// Overlapping failures: a node cut off, then a crash (often of its heir) before the cut
@@ -192,6 +200,35 @@ proptest! {
         run_scenario_with(
             n, topology, net, reserved, seed, events, &shape, false, Some(30 * CYCLE),
         )?;
+    }
+
+    /// Whole-cluster restarts (every node killed at once, back as new incarnations, together
+    /// or a few cycles apart) among crashes and cuts, on a complete graph: nobody is left to
+    /// inherit, and the census gives each member its initial share back (node docs,
+    /// "Re-minting after a whole-cluster restart"). Σ enforced ≤ L at every event; once
+    /// healed Σ = L exactly and JFI ≥ 0.99 up to `EXACT_LOSS` loss (seed 003 §IV).
+    #[test]
+    fn whole_cluster_restarts_remint_the_limit(
+        n in 3u32..7, loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(restart_all_event(), 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        let exact = loss <= EXACT_LOSS;
+        run_scenario(n, Topology::Complete, loss, dup, delay, reserved, seed, events, &shape, exact)?;
+    }
+
+    /// The same on rings and random graphs, where views differ and no census can agree, and
+    /// with overlapping failures: whatever the census does, Σ enforced ≤ L at every event.
+    #[test]
+    fn whole_cluster_restarts_stay_strict(
+        n in 3u32..7, topology in topology(), loss in 0.0f64..0.5, dup in 0.0f64..0.3,
+        delay in 0u64..3, reserved in any::<bool>(), seed in any::<u64>(),
+        events in prop::collection::vec(
+            prop_oneof![restart_all_event(), overlap_event(), group_event()], 1..8),
+        shape in prop::collection::vec(0.5f64..1.5, 6),
+    ) {
+        run_scenario(n, topology, loss, dup, delay, reserved, seed, events, &shape, false)?;
     }
 
     /// The decoder never panics on arbitrary bytes.
@@ -483,6 +520,16 @@ fn run_scenario_with(
                 c.apply(Step::Restart(b % n));
                 c.apply(Step::Heal);
             }
+            Event::RestartAll(d, gap) => {
+                for i in 0..n {
+                    c.apply(Step::Crash(i));
+                }
+                c.apply(Step::Run(d));
+                for i in 0..n {
+                    c.apply(Step::Restart(i));
+                    c.apply(Step::Run(gap));
+                }
+            }
             Event::GroupPartitionHeal(first, size, d) => {
                 let group = (0..size.min(n - 1)).map(|j| (first + j) % n).collect();
                 c.apply(Step::Partition(group));
@@ -652,6 +699,10 @@ fn message() -> impl Strategy<Value = Message> {
         (
             prop::collection::vec(handover, 0..2),
             prop::collection::vec(handover_ack, 0..2),
+            prop::option::of(
+                (any::<u64>(), any::<bool>())
+                    .prop_map(|(view, reminted)| Census { view, reminted }),
+            ),
         ),
     )
         .prop_map(
@@ -666,7 +717,7 @@ fn message() -> impl Strategy<Value = Message> {
                 succession,
                 ledger_ack,
                 (retire, retired, confirm, late_folds, late_acks),
-                (handovers, handover_acks),
+                (handovers, handover_acks, census),
             )| {
                 Message {
                     from_inc,
@@ -691,6 +742,7 @@ fn message() -> impl Strategy<Value = Message> {
                     late_acks,
                     handovers,
                     handover_acks,
+                    census,
                 }
             },
         )

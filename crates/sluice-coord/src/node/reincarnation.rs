@@ -53,6 +53,10 @@ impl Node {
         };
         self.default_base = self.holdings.iter().map(|&h| self.cfg.part(h)).sum();
         self.keys.clear();
+        // A census is per incarnation (see `Node::take_census`).
+        self.reminted = None;
+        self.census = None;
+        self.census_heard.clear();
         if self.estate_heirs.contains_key(&old) {
             for (&w, ward) in &self.wards {
                 self.ward_candidates

@@ -153,6 +153,7 @@ impl Node {
             late_acks: mail.late_acks,
             handovers: Vec::new(),
             handover_acks: mail.handover_acks,
+            census: self.census,
         };
         let mut message = message;
         if !self.late_folds.is_empty() {

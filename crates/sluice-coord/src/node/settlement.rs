@@ -6,6 +6,7 @@ use super::*;
 impl Node {
     /// Moves the counters with incarnation `inc` of `peer` to the frozen records.
     pub(super) fn freeze(&mut self, peer: NodeId, inc: u64) {
+        self.census = None;
         let floor = self.dead_floor.entry(peer).or_insert(0);
         *floor = (*floor).max(inc);
         let Some(link) = self.links.get_mut(&peer) else {
