@@ -22,7 +22,9 @@
 //!   the partition heals;
 //! * a crashed node's capacity is back with the survivors within a lease and two cycles, and
 //!   `gamma: auto` follows the membership: on a complete graph the survivors recompute γ* for
-//!   K_{n−1} (seed 000 Thm 2, capped by seed 003 eq. 15).
+//!   K_{n−1} (seed 000 Thm 2, capped by seed 003 eq. 15);
+//! * after every node restarts at once (nobody left to inherit), the cluster takes its whole
+//!   limit back (`sluice-coord`'s census).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
 use std::cell::{Cell, RefCell};
@@ -718,5 +720,38 @@ fn crash_survivors_regain_capacity_and_gamma_follows() {
         "crash: survivors at the limit {regained:?} after the crash; gamma_auto {g5} -> {g4}; \
          restart: at L {settled:?}, shares following demand {follows:?} after, shares {:?}",
         last.units
+    );
+}
+
+/// Every node killed at once and restarted as a new incarnation (a power cut, a redeploy
+/// that stops every pod; `--state-file` keeps the incarnations): nobody is left to inherit
+/// the shares. The restarted nodes find they all hold only their reservations and each
+/// takes its own share back (`sluice-coord`'s census), so the cluster admits its whole limit
+/// again — and never more, at every step.
+#[test]
+fn a_whole_cluster_restart_takes_the_limit_back() {
+    let n = 5;
+    let rates = [0.5, 0.4, 0.3, 0.3, 0.2];
+    let mut net = Net::new(n, Fallback::None, 5);
+    net.set_rates(&rates);
+    net.run(Duration::from_secs(2), strict);
+    for i in 0..n {
+        net.crash(i);
+    }
+    net.run(LEASE, strict);
+    let restart = net.sim.elapsed();
+    for i in 0..n {
+        net.restart(i);
+    }
+    let back = net.run(Duration::from_secs(4), strict);
+    for i in 0..n {
+        assert!(net.status(i).incarnation >= 2, "{:?}", net.status(i));
+    }
+    let settled = settles(&back, restart, 0.999).expect("the sum gets back to the limit");
+    let follows = rebalanced(&back, restart, &rates);
+    eprintln!(
+        "whole restart: at L {settled:?} after the restarts, shares following demand \
+         {follows:?}, shares {:?}",
+        back.last().unwrap().units
     );
 }
