@@ -494,6 +494,18 @@ impl Link {
         self.mail.get_or_insert_with(Box::default)
     }
 
+    /// The link is with no incarnation any more (it died, or we did): what we knew of the
+    /// last one goes (its clock, its floor, retirements it was to confirm).
+    fn unlink(&mut self) {
+        self.inc = 0;
+        self.echo = 0;
+        self.indicator_at = 0;
+        self.floor = 0;
+        if let Some(m) = self.mail.as_mut() {
+            m.confirm.clear();
+        }
+    }
+
     /// Answers are waiting to go to the peer (they oblige a message).
     fn answers_waiting(&self) -> bool {
         self.mail.as_ref().is_some_and(|m| {

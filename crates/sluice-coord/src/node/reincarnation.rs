@@ -75,15 +75,11 @@ impl Node {
         self.ledger_version += 1;
         self.usable_cache = None;
         for l in self.links.values_mut() {
-            l.inc = 0;
-            l.echo = 0;
-            l.indicator_at = 0;
+            l.unlink();
             l.verdict = 0;
             if let Some(m) = l.mail.as_mut() {
                 m.replies.clear();
-                m.confirm.clear();
             }
-            l.floor = 0;
         }
         // Answers held until our heir held our folded ledger can go now: the old
         // incarnation's estate is final (its heir settled it before telling us, with the

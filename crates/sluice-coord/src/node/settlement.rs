@@ -15,13 +15,7 @@ impl Node {
         if link.inc != inc {
             return;
         }
-        link.inc = 0;
-        link.echo = 0;
-        link.indicator_at = 0;
-        link.floor = 0;
-        if let Some(m) = link.mail.as_mut() {
-            m.confirm.clear();
-        }
+        link.unlink();
         self.usable_cache = None;
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
