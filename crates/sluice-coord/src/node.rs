@@ -103,6 +103,9 @@
 //!    message holding all its sender's keys ([`wire::Message::all_keys`]) marks the keys it
 //!    lacks as idle there: a neighbour that dropped a key sends nothing more about it.
 //!
+//! A quiet key with nothing on a link sends no entry to a neighbour where it is quiet too
+//! (its absence from a message holding all keys says the same).
+//!
 //! Limits: a key whose base an inheritance changed is kept (its share is no longer the
 //! static split); flows that went round a cycle of nodes that hold no base (joiners,
 //! restarted nodes) can leave debts nobody can pay first (kept, never unsafe).
@@ -604,12 +607,19 @@ impl LinkKey {
 ///
 /// The parts go straight to `out` (the outbox), addressed to `to`: one send is one message
 /// nearly always, and a vector per send for it was a measurable share of a large run.
-fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
-    // Room for the key count's varint growing from 1 byte to at most 5.
-    const COUNT_SLACK: usize = 4;
+/// Whether a head of `head_len` bytes with `keys` goes as one message under `split` (a
+/// message holding all the sender's keys).
+fn fits_one(head_len: usize, keys: &[KeyEntry], cap: usize) -> bool {
     let entries: usize = keys.iter().map(wire::key_entry_len).sum();
+    head_len + entries + COUNT_SLACK <= cap || keys.len() <= 1
+}
+
+/// Room for a message's key count varint growing from 1 byte to at most 5.
+const COUNT_SLACK: usize = 4;
+
+fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
     let head_len = wire::encoded_len(&head);
-    if head_len + entries + COUNT_SLACK <= cap || keys.len() <= 1 {
+    if fits_one(head_len, &keys, cap) {
         out.push(Outgoing {
             to,
             message: Message { keys, ..head },

@@ -83,11 +83,12 @@ impl Node {
         link.last_sent = sent_at;
         let mut retire = Vec::new();
         let mut retired = Vec::new();
-        let keys: Vec<KeyEntry> = if link.neighbour {
+        let mut omitted = Vec::new();
+        let mut keys: Vec<KeyEntry> = if link.neighbour {
             self.keys
                 .iter_mut()
                 .enumerate()
-                .map(|(i, (&key, ks))| {
+                .filter_map(|(i, (&key, ks))| {
                     let (relay, relay_hops) = if relaying {
                         let plan = plans
                             .and_then(|v| v.get(i).copied())
@@ -112,7 +113,7 @@ impl Node {
                     }
                     let own = ks.own();
                     let demand = ks.demand.estimate();
-                    KeyEntry {
+                    let entry = KeyEntry {
                         key,
                         given: lk.given,
                         seen: lk.seen,
@@ -122,7 +123,25 @@ impl Node {
                         relay,
                         relay_hops,
                         idle: ks.quiet,
+                    };
+                    // A quiet key with nothing on this link, to a neighbour quiet too: the
+                    // entry says only "idle, nothing", which is what its absence from a
+                    // message holding all our keys says (`Message::all_keys`; the law does not
+                    // run between quiet ends). Kept aside, and sent only if the message must
+                    // be split (then absence says nothing). Keys kept after an inheritance
+                    // (see "Idle keys") then cost no entry bytes.
+                    if ks.quiet
+                        && lk.peer_idle
+                        && lk.given == 0
+                        && lk.seen == 0
+                        && !lk.frozen()
+                        && relay == 0.0
+                        && lk.relay_sent == 0.0
+                    {
+                        omitted.push(entry);
+                        return None;
                     }
+                    Some(entry)
                 })
                 .collect()
         } else {
@@ -171,6 +190,11 @@ impl Node {
                     },
                 )
                 .collect();
+        }
+        let cap = self.cfg.max_message_bytes;
+        if !omitted.is_empty() && !fits_one(wire::encoded_len(&message), &keys, cap) {
+            keys.append(&mut omitted);
+            keys.sort_unstable_by_key(|e| e.key);
         }
         split(
             message,
