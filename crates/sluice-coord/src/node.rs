@@ -890,8 +890,9 @@ pub struct Node {
     reclaimed: Vec<Key>,
     /// [`Node::usable`] as last worked out, while it still holds (see [`UsableCache`]).
     usable_cache: Option<UsableCache>,
-    /// What our messages claim (see `census`). Worked out at every tick; cleared as soon as
-    /// an event may change it.
+    /// What our messages claim (see `census`). Worked out at every tick (a claim sent after
+    /// a gift came in is still safe: see `Node::take_census`); cleared when a link changes
+    /// incarnation or is frozen.
     census: Option<Census>,
     /// Each neighbour's latest claim, with the incarnation that made it, while it makes one.
     census_heard: BTreeMap<NodeId, (u64, Census)>,
@@ -1454,7 +1455,8 @@ impl Node {
         // and a node runs one at a time). Without this, a late message of one we never linked
         // with took the link back to it: the newer incarnation's counters would then be
         // frozen as its, and its ledger adopted as a ward's (see `Node::take_census`).
-        if self.links.get(&from).is_some_and(|l| l.inc > msg.from_inc) {
+        let link_inc = self.links.get(&from).map(|l| l.inc);
+        if link_inc.is_some_and(|i| i > msg.from_inc) {
             return;
         }
         let known = self.links.get(&from).is_some_and(|l| l.neighbour);
@@ -1487,7 +1489,7 @@ impl Node {
             self.heir_death_noted(now);
         }
         let up = 2 * self.cfg.cycle;
-        if self.links.get(&from).is_none_or(|l| l.inc != msg.from_inc) {
+        if link_inc != Some(msg.from_inc) {
             // Our view changes (see `Node::take_census`).
             self.census = None;
         }
@@ -1603,7 +1605,6 @@ impl Node {
                     self.ward_candidates.remove(&(from, msg.from_inc));
                     self.adopted.insert((from, msg.from_inc));
                     self.wards.insert(from, w);
-                    self.census = None;
                     self.successions.remove(&from);
                     if newer {
                         // Acknowledge at once: the ward may hold settlement replies for it.
@@ -1703,8 +1704,6 @@ impl Node {
         let mut notify = StackVec::<NodeId, 16>::new();
         if news {
             notify.push(from);
-            // A gift came: we are not pristine any more (see `Node::take_census`).
-            self.census = None;
         }
         // The usable neighbours, once for the whole message (the sends below change none).
         let mut plans = StackVec::<Option<RelayPlan>, 4>::new();

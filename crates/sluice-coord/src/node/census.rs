@@ -13,13 +13,7 @@ impl Node {
     /// restarted member (or a joiner) that never gave nor received, holds no other initial
     /// share, settles nobody and holds no ward with more than its reservation.
     pub(super) fn is_pristine(&self) -> bool {
-        let id = self.cfg.id;
-        let bare_holdings = match self.holdings.as_slice() {
-            [] => !self.cfg.members.contains(&id),
-            [h] => h.node == id && h.part == Part::ReserveOnly,
-            _ => false,
-        };
-        if !bare_holdings || self.lifecycle != Lifecycle::Active {
+        if !self.bare_holdings() || self.lifecycle != Lifecycle::Active {
             return false;
         }
         let base = i64::try_from(self.default_base).unwrap_or(i64::MAX);
@@ -44,6 +38,17 @@ impl Node {
             && self.ward_candidates.is_empty()
             && self.late_folds.is_empty()
             && self.held.is_empty()
+    }
+
+    /// No initial share but our own reservation (or none, for a joiner): the cheap first test
+    /// of [`Node::is_pristine`], false for every first incarnation of a member.
+    fn bare_holdings(&self) -> bool {
+        let id = self.cfg.id;
+        match self.holdings.as_slice() {
+            [] => !self.cfg.members.contains(&id),
+            [h] => h.node == id && h.part == Part::ReserveOnly,
+            _ => false,
+        }
     }
 
     /// Our view of the cluster: every neighbour at the incarnation our link is with, and us
@@ -81,7 +86,17 @@ impl Node {
     /// graph where every node links with every other do all views agree (each lists its
     /// own neighbours); elsewhere nothing happens (the capacity stays lost, never counted
     /// twice).
+    ///
+    /// A claim is worked out here, once a tick, and may go out after a gift came in: still
+    /// safe. What a node receives after its claim comes from a node that held it after its
+    /// own claim; following gifts back, every unit comes from a re-mint, since no claim is
+    /// made while holding anything and nothing of a dead incarnation can come back.
     pub(super) fn take_census(&mut self, now: Nanos) {
+        if self.reminted.is_none() && !self.bare_holdings() {
+            // Nothing to claim (every first incarnation of a member): no work per tick.
+            self.census = None;
+            return;
+        }
         let view = self.view_digest();
         if let Some(v) = self.reminted {
             // Vouch for the view we re-minted in while it holds: members that missed the
