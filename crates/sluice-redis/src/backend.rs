@@ -22,6 +22,36 @@ pub trait Backend: Send + Sync {
         now: Nanos,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// Decides from what this backend already holds for `key` (a batch taken from the
+    /// central store earlier and still valid), without I/O: `None` when it holds nothing
+    /// valid (the exact store never does). While the batch is valid but cannot cover
+    /// `cost`, a refusal until the batch ends. A fallback asks this before using its own
+    /// share, so a node keeps to its batch, at its rate, while the batch lasts.
+    fn held(
+        &self,
+        _alg: &AnyAlgorithm,
+        _key: &str,
+        _limit: &Limit,
+        _now: Nanos,
+        _cost: u64,
+    ) -> Option<Decision> {
+        None
+    }
+
+    /// As [`Backend::check`], but the answer always comes from the central store (a batch
+    /// held, or an earlier refusal, does not answer it): a fallback's probe must reach the
+    /// store to count as its recovery.
+    fn probe(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        self.check(alg, key, limit, now, cost)
+    }
 }
 
 impl Backend for RedisStore {

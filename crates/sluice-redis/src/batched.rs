@@ -115,6 +115,59 @@ impl BatchedStore {
         now: Nanos,
         cost: u64,
     ) -> Result<Decision, Error> {
+        self.decide(alg, key, limit, now, cost, false).await
+    }
+
+    /// Decides from the key's batch only, without I/O: `None` when the key holds no valid
+    /// batch; while it holds one that cannot cover `cost`, a refusal until it expires.
+    #[must_use]
+    pub fn held(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Decision> {
+        let id = (key.to_string(), Shape::of(alg).ok()?.kind);
+        let mut leases = self.leases.lock();
+        let lease = leases.get_mut(&id)?;
+        if now >= lease.expires {
+            return None;
+        }
+        if cost == 0 || lease.left >= cost {
+            return Some(self.take(lease, limit, now, cost));
+        }
+        let wait = lease.expires - now;
+        Some(Decision::deny(limit.count(), lease.left, wait, Some(wait)))
+    }
+
+    /// Takes a new batch from Redis whatever the key's batch holds or an earlier refusal
+    /// said, then decides as [`BatchedStore::check`] does.
+    ///
+    /// # Errors
+    /// As [`RedisStore::check`].
+    pub async fn probe(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.decide(alg, key, limit, now, cost, true).await
+    }
+
+    /// `force`: ask Redis even when the batch or a refusal could answer.
+    async fn decide(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        force: bool,
+    ) -> Result<Decision, Error> {
         let id = (key.to_string(), Shape::of(alg)?.kind);
         let wanted = {
             let mut leases = self.leases.lock();
@@ -122,10 +175,10 @@ impl BatchedStore {
             if now >= lease.expires {
                 lease.left = 0;
             }
-            if cost == 0 || lease.left >= cost {
+            if !force && (cost == 0 || lease.left >= cost) {
                 return Ok(self.take(lease, limit, now, cost));
             }
-            if now < lease.refused_until {
+            if !force && now < lease.refused_until {
                 let wait = lease.refused_until - now;
                 return Ok(Decision::deny(limit.count(), lease.left, wait, Some(wait)));
             }
@@ -195,7 +248,8 @@ impl BatchedStore {
             .batch(now, self.config.horizon, self.config.smoothing);
         let left = lease.central_left.unwrap_or(limit.count());
         let by_share = (left as f64 * self.config.share_of_remaining).floor() as u64;
-        let need = cost - lease.left;
+        // At least 1: a probe may come with the cost already in the lease.
+        let need = cost.saturating_sub(lease.left).max(1);
         let size = by_rate.min(self.config.max_batch).min(by_share).max(need);
         lease.rate.asked(size);
         size
@@ -212,6 +266,28 @@ impl Backend for BatchedStore {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         BatchedStore::check(self, alg, key, limit, now, cost)
+    }
+
+    fn held(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Decision> {
+        BatchedStore::held(self, alg, key, limit, now, cost)
+    }
+
+    fn probe(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        BatchedStore::probe(self, alg, key, limit, now, cost)
     }
 }
 

@@ -126,9 +126,12 @@ impl Default for FallbackConfig {
 /// 50 ms by default): a call that times out is answered by the local limiter and switches
 /// to [`Mode::Fallback`]; after that only one request per
 /// [`FallbackConfig::probe_every`] tries Redis (within the same timeout) and the others
-/// are decided locally at once. Permits admitted locally are not known to Redis when it
-/// comes back; the local limit is the node's share so that all nodes together stay near
-/// the global limit meanwhile.
+/// are decided locally at once. Locally means: from the batch the node holds while it is
+/// valid (batched mode: its permits, nothing more, until it expires), then with the node's
+/// share of the limit. Only an answer of Redis itself ends a fallback — a probe is never
+/// answered from a batch or from an earlier refusal. Permits admitted locally are not known
+/// to Redis when it comes back; the local limit is the node's share so that all nodes
+/// together stay near the global limit meanwhile.
 #[derive(Debug)]
 pub struct FallbackLimiter<B> {
     central: B,
@@ -177,10 +180,18 @@ impl<B: Backend> FallbackLimiter<B> {
     ) -> Outcome {
         let since = self.fallback_since.load(Ordering::Acquire);
         if since != 0 {
+            // A batch still valid decides first: the node keeps to what Redis gave it.
+            let held = self.central.held(alg, key, limit, now, cost);
+            if let Some(d) = held.filter(|d| d.allowed) {
+                return central(d, None);
+            }
             let probe = now >= self.next_probe.load(Ordering::Acquire)
                 && !self.probing.swap(true, Ordering::AcqRel);
             if !probe {
-                return self.local(alg, key, limit, now, cost, None, None);
+                return match held {
+                    Some(d) => central(d, None),
+                    None => self.share(alg, key, limit, now, cost, None, None),
+                };
             }
             self.next_probe.store(
                 now.saturating_add(self.config.probe_every),
@@ -188,7 +199,9 @@ impl<B: Backend> FallbackLimiter<B> {
             );
             // Cleared even if the caller drops this future mid-probe.
             let guard = ProbeGuard(&self.probing);
-            let r = self.central.check(alg, key, limit, now, cost).await;
+            // Only an answer of Redis itself counts as its return (not the batch, nor an
+            // earlier refusal).
+            let r = self.central.probe(alg, key, limit, now, cost).await;
             drop(guard);
             return match r {
                 Ok(decision) => {
@@ -199,24 +212,14 @@ impl<B: Backend> FallbackLimiter<B> {
                         .map(|s| Transition::ToCentral {
                             fallback_since: s - 1,
                         });
-                    Outcome {
-                        decision,
-                        source: Source::Central,
-                        transition,
-                        problem: None,
-                    }
+                    central(decision, transition)
                 }
                 Err(e) if e.is_unavailable() => self.local(alg, key, limit, now, cost, None, None),
                 Err(e) => self.local(alg, key, limit, now, cost, None, Some(e)),
             };
         }
         match self.central.check(alg, key, limit, now, cost).await {
-            Ok(decision) => Outcome {
-                decision,
-                source: Source::Central,
-                transition: None,
-                problem: None,
-            },
+            Ok(decision) => central(decision, None),
             Err(e) if e.is_unavailable() => {
                 self.next_probe.store(
                     now.saturating_add(self.config.probe_every),
@@ -239,8 +242,29 @@ impl<B: Backend> FallbackLimiter<B> {
         }
     }
 
+    /// Without Redis: the batch held while it is valid, then the node's share.
     #[allow(clippy::too_many_arguments)]
     fn local(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        transition: Option<Transition>,
+        problem: Option<Error>,
+    ) -> Outcome {
+        if problem.is_none()
+            && let Some(d) = self.central.held(alg, key, limit, now, cost)
+        {
+            return central(d, transition);
+        }
+        self.share(alg, key, limit, now, cost, transition, problem)
+    }
+
+    /// The node's share of the limit, on the local limiter.
+    #[allow(clippy::too_many_arguments)]
+    fn share(
         &self,
         alg: &AnyAlgorithm,
         key: &str,
@@ -257,6 +281,16 @@ impl<B: Backend> FallbackLimiter<B> {
             transition,
             problem,
         }
+    }
+}
+
+/// A decision of Redis, or of a batch taken from it.
+fn central(decision: Decision, transition: Option<Transition>) -> Outcome {
+    Outcome {
+        decision,
+        source: Source::Central,
+        transition,
+        problem: None,
     }
 }
 

@@ -41,8 +41,9 @@
 //!   by its own consumption rate, never more than a share of what is left, and answers
 //!   locally until the batch runs out or its lease expires.
 //! - **Fallback** ([`FallbackLimiter`], seed 002 §4.4(4)): when Redis does not answer within
-//!   the timeout, a local `sluice-limits` limiter with the node's share of the limit
-//!   decides, and one request per probe interval tries Redis again.
+//!   the timeout, the batch the node holds decides while it is valid, then a local
+//!   `sluice-limits` limiter with the node's share of the limit; one request per probe
+//!   interval tries Redis again, and only Redis answering ends the fallback.
 //!
 //! # Exactness
 //!

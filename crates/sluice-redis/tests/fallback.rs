@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, Clock, Limit, Options, SystemClock};
 use sluice_redis::{
-    Error, FallbackConfig, FallbackLimiter, Mode, RedisConfig, RedisStore, Share, Source,
-    Transition,
+    BatchConfig, BatchedStore, Error, FallbackConfig, FallbackLimiter, Mode, RedisConfig,
+    RedisStore, Share, Source, Transition,
 };
 use support::RedisServer;
 
@@ -187,4 +187,121 @@ async fn local_share_limits_during_a_fallback() {
     }
     assert_eq!(admitted, 10, "a quarter of 40");
     assert_eq!(limiter.mode(), Mode::Fallback { since: 1 });
+}
+
+/// Batched mode, Redis killed: a key whose batch is still valid is decided from that batch
+/// only (its permits, then refusals until it expires) and then with the node's share; a
+/// probe answered by the batch or by an earlier refusal is not Redis answering, so the mode
+/// stays `Fallback` until Redis itself answers.
+#[tokio::test]
+async fn batched_fallback_keeps_to_the_batch_and_only_redis_ends_it() {
+    const MS: u64 = 1_000_000;
+    let mut server = RedisServer::start();
+    let store = RedisStore::new(
+        &server.url(),
+        RedisConfig {
+            timeout: TIMEOUT,
+            ..RedisConfig::caller_time()
+        },
+    )
+    .unwrap();
+    let lease = 60_000 * MS;
+    let limiter = FallbackLimiter::new(
+        BatchedStore::new(
+            store,
+            BatchConfig {
+                lease,
+                ..BatchConfig::default()
+            },
+        ),
+        FallbackConfig {
+            share: Share::one_of(4),
+            probe_every: 10 * MS,
+        },
+    );
+    let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindowFirst, Options::default());
+    let limit: Limit = "40/1h".parse().unwrap();
+    let one: Limit = "1/1h".parse().unwrap();
+    let t = 1_000 * MS;
+    // "held": slow start asks 1, then 2 → one permit left in a batch valid for a minute.
+    for i in 0..2 {
+        let out = limiter.check(&alg, "held", &limit, t + i, 1).await;
+        assert!(out.decision.allowed && out.source == Source::Central);
+    }
+    // "refused": its one permit used, then refused by Redis (no asking again until then).
+    assert!(
+        limiter
+            .check(&alg, "refused", &one, t, 1)
+            .await
+            .decision
+            .allowed
+    );
+    assert!(
+        !limiter
+            .check(&alg, "refused", &one, t, 1)
+            .await
+            .decision
+            .allowed
+    );
+    let calls = limiter.central().central_calls();
+    assert_eq!(
+        limiter.check(&alg, "refused", &one, t + 1, 1).await.source,
+        Source::Central
+    );
+    assert_eq!(limiter.central().central_calls(), calls, "refused locally");
+
+    server.kill();
+    let out = limiter.check(&alg, "other", &limit, t + 2 * MS, 1).await;
+    assert!(matches!(
+        out.transition,
+        Some(Transition::ToFallback { .. })
+    ));
+    // Probe time, on a key the batch can serve: served by the batch, still in fallback.
+    let out = limiter.check(&alg, "held", &limit, t + 100 * MS, 1).await;
+    assert!(out.decision.allowed, "{out:?}");
+    assert_eq!(out.source, Source::Central, "from the batch");
+    assert!(out.transition.is_none(), "{:?}", out.transition);
+    assert!(matches!(limiter.mode(), Mode::Fallback { .. }));
+    // Probe time, on the key Redis refused earlier: the probe goes to Redis (down), so the
+    // refusal comes from the batch and the mode does not change.
+    let out = limiter.check(&alg, "refused", &one, t + 200 * MS, 1).await;
+    assert!(!out.decision.allowed);
+    assert!(out.transition.is_none(), "{:?}", out.transition);
+    assert!(matches!(limiter.mode(), Mode::Fallback { .. }));
+    // The batch of "held" is used up but valid: refused until it expires, not the share.
+    let out = limiter.check(&alg, "held", &limit, t + 300 * MS, 1).await;
+    assert!(!out.decision.allowed, "{out:?}");
+    let wait = out.decision.retry_after.unwrap();
+    assert!(wait > 0 && wait <= lease, "{wait}");
+    // Once the batch expired: the node's share (a quarter of 40).
+    let later = t + lease + 1_000 * MS;
+    let mut admitted = 0;
+    for i in 0..20 {
+        let out = limiter.check(&alg, "held", &limit, later + i, 1).await;
+        assert!(out.transition.is_none());
+        if out.decision.allowed {
+            assert_eq!(out.source, Source::Local);
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    assert!(matches!(limiter.mode(), Mode::Fallback { .. }));
+
+    // Redis back: the next probe reaches it and ends the fallback, once.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut at = later + 100 * MS;
+    loop {
+        let out = limiter.check(&alg, "other", &limit, at, 1).await;
+        if matches!(out.transition, Some(Transition::ToCentral { .. })) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis is back, still in fallback"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        at += 20 * MS;
+    }
+    assert_eq!(limiter.mode(), Mode::Central);
 }

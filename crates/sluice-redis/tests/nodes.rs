@@ -184,3 +184,64 @@ async fn server_time_ignores_the_callers_clock() {
     assert_eq!(retry % 1000, 0, "whole microseconds");
     store.ping().await.unwrap();
 }
+
+/// Batched mode on one node: batches grow (slow start) up to `max_batch`, then never take
+/// more than half of what Redis said was left, so they shrink with the quota down to one
+/// permit; every permit of the limit is given out, none more.
+#[tokio::test]
+async fn batches_shrink_with_what_is_left() {
+    const LIMIT: u64 = 10_000;
+    let server = RedisServer::start();
+    let node = BatchedStore::new(
+        RedisStore::new(
+            &server.url(),
+            RedisConfig {
+                prefix: "shrink:".into(),
+                ..RedisConfig::caller_time()
+            },
+        )
+        .unwrap(),
+        BatchConfig {
+            // Neither a measured rate nor an expiry during the run: sizes are the slow
+            // start, `max_batch` and the share of what is left, nothing else.
+            horizon: 3_600_000_000_000,
+            lease: 3_600_000_000_000,
+            ..BatchConfig::default()
+        },
+    );
+    let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindowFirst, Options::default());
+    let limit = Limit::from_nanos(LIMIT, 3_600_000_000_000).unwrap();
+    let (mut admitted, mut sizes) = (0u64, Vec::new());
+    for i in 0..LIMIT + 10 {
+        let calls = node.central_calls();
+        let d = node
+            .check(&alg, "k", &limit, 1_000_000 + i * 1_000, 1)
+            .await
+            .unwrap();
+        if d.allowed {
+            admitted += 1;
+            if node.central_calls() > calls {
+                // A new batch: this permit and what is left of it.
+                sizes.push(d.remaining + 1);
+            }
+        }
+    }
+    assert_eq!(admitted, LIMIT);
+    assert_eq!(sizes.iter().sum::<u64>(), LIMIT, "{sizes:?}");
+    let mut left = LIMIT;
+    for (i, &s) in sizes.iter().enumerate() {
+        // The first batch sizes by the limit (nothing heard from Redis yet).
+        let cap = if i == 0 { LIMIT / 2 } else { (left / 2).max(1) };
+        assert!(
+            s <= cap.min(1000),
+            "batch {i}: {s} with {left} left: {sizes:?}"
+        );
+        left -= s;
+    }
+    // From the largest batch on, each is smaller or equal, ending at single permits.
+    let peak = sizes.iter().position(|&s| s == 1000).unwrap();
+    let tail = &sizes[peak..];
+    assert!(tail.windows(2).all(|w| w[1] <= w[0]), "{sizes:?}");
+    assert!(tail.iter().any(|&s| s < 100), "{sizes:?}");
+    assert_eq!(sizes.last(), Some(&1), "{sizes:?}");
+}
