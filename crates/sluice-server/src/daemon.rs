@@ -29,9 +29,23 @@ pub struct DaemonSpec {
     pub cluster: Option<(ClusterSpec, SocketAddr)>,
     /// How often to look for changed configuration files (`None`: never).
     pub watch: Option<Duration>,
-    /// Redis for `coordination: redis` rules: `(URL, mode, timeout)` (`None`: such rules
-    /// decide locally with the whole limit).
-    pub redis: Option<(String, crate::central::RedisMode, Duration)>,
+    /// Redis for `coordination: redis` rules (`None`: such rules decide locally with the
+    /// whole limit).
+    pub redis: Option<RedisSpec>,
+}
+
+/// How a node uses Redis for `coordination: redis` rules ([`crate::central::connect`]).
+#[derive(Debug, Clone)]
+pub struct RedisSpec {
+    /// `redis://HOST:PORT[/DB]`, or several comma-separated URLs for a Redis Cluster.
+    pub url: String,
+    /// Exact or batched.
+    pub mode: crate::central::RedisMode,
+    /// How long a decision waits for Redis before deciding locally.
+    pub timeout: Duration,
+    /// Nodes sharing the rules: the fallback decides with `1/nodes` of each limit (`None`:
+    /// the cluster's size, else 1).
+    pub nodes: Option<u64>,
 }
 
 /// `coordination: token-server`: the token servers this node asks and, when it is one of
@@ -128,13 +142,14 @@ impl Daemon {
         let config = spec.source.load()?;
         let leases = Arc::new(crate::lease::Leases::new(extras.leases)?);
         let engine = Arc::new(Engine::new(config));
-        if let Some((url, mode, timeout)) = &spec.redis {
+        if let Some(r) = &spec.redis {
             // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.
-            let nodes = spec
-                .cluster
-                .as_ref()
-                .map_or(1, |(c, _)| c.peers.len() as u64 + 1);
-            let central = crate::central::connect(url, *mode, *timeout, nodes)?;
+            let nodes = r.nodes.unwrap_or_else(|| {
+                spec.cluster
+                    .as_ref()
+                    .map_or(1, |(c, _)| c.peers.len() as u64 + 1)
+            });
+            let central = crate::central::connect(&r.url, r.mode, r.timeout, nodes)?;
             engine.attach_redis(central);
         }
         let (token_listener, token_node) = match &extras.token {

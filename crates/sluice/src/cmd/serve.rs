@@ -10,7 +10,7 @@ use anyhow::Context;
 use sluice_server::ConfigSource;
 use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
 use sluice_server::config::RuleLeases;
-use sluice_server::daemon::{Daemon, DaemonSpec, Extras};
+use sluice_server::daemon::{Daemon, DaemonSpec, Extras, RedisSpec};
 use sluice_server::lease::LeaseConfig;
 use sluice_server::peer::PeerKey;
 
@@ -92,6 +92,10 @@ pub(crate) struct Args {
     /// How long a decision waits for Redis before the node decides locally with its share.
     #[arg(long, default_value = "50ms")]
     redis_timeout: String,
+    /// Nodes sharing the Redis rules: the fallback share is 1/N of each limit (default: the
+    /// cluster's size, else 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    redis_nodes: Option<u64>,
     /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
     #[command(flatten)]
     token: Box<TokenArgs>,
@@ -321,13 +325,15 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         cluster,
         watch,
         redis: match &args.redis_url {
-            Some(url) => Some((
-                url.clone(),
-                args.redis_mode
+            Some(url) => Some(RedisSpec {
+                url: url.clone(),
+                mode: args
+                    .redis_mode
                     .parse()
                     .map_err(|e| anyhow::anyhow!("--redis-mode: {e}"))?,
-                duration("--redis-timeout", &args.redis_timeout)?,
-            )),
+                timeout: duration("--redis-timeout", &args.redis_timeout)?,
+                nodes: args.redis_nodes,
+            }),
             None => None,
         },
     };
@@ -789,6 +795,88 @@ mod tests {
             }
             server.shutdown().await;
         });
+    }
+
+    /// `--redis-nodes` (or `redis_nodes` in a settings file) sets the fallback share of a
+    /// Redis-only deployment; without it, the cluster's size, else 1.
+    #[test]
+    fn redis_nodes_set_the_fallback_share() {
+        let url = "redis://127.0.0.1:1/";
+        let nodes = |argv: &[&str]| daemon_spec(&parse(argv)).unwrap().0.redis.unwrap().nodes;
+        assert_eq!(nodes(&["--redis-url", url, "--redis-nodes", "4"]), Some(4));
+        assert_eq!(nodes(&["--redis-url", url]), None, "the daemon's default");
+        let command = Args::augment_args(clap::Command::new("sluice serve"));
+        assert!(
+            command
+                .try_get_matches_from(["sluice serve", "--redis-nodes", "0"])
+                .is_err()
+        );
+        let dir = TempDir::new("redis-nodes");
+        let file = dir.file(
+            "sluice.yaml",
+            &format!("redis_url: {url}\nredis_nodes: 3\nredis_timeout: 20ms\n"),
+        );
+        let args = with_settings(Path::new(&file), std::iter::empty()).unwrap();
+        let redis = daemon_spec(&args).unwrap().0.redis.unwrap();
+        assert_eq!(redis.nodes, Some(3));
+        assert_eq!(redis.timeout, Duration::from_millis(20));
+    }
+
+    /// A node of a Redis-only deployment started with `--redis-nodes 4`, its Redis down:
+    /// every `coordination: redis` rule falls back to a quarter of its limit, and
+    /// `/v1/cluster` says so.
+    #[test]
+    fn a_node_with_redis_nodes_falls_back_to_its_share() {
+        let dir = TempDir::new("redis-share");
+        let rules = dir.file(
+            "rules.yaml",
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: \
+             { unit: hour, requests_per_unit: 40, coordination: redis }\n",
+        );
+        // Nothing listens there: every Redis call fails at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("redis://127.0.0.1:{port}/");
+        let args = parse(&[
+            "--config",
+            &rules,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--watch",
+            "off",
+            "--redis-url",
+            &url,
+            "--redis-nodes",
+            "4",
+        ]);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (spec, extras) = daemon_spec(&args).unwrap();
+        let node = rt.block_on(Daemon::start_with(spec, extras)).unwrap();
+        let http = node.http_addr.unwrap();
+        let admitted = (0..20)
+            .filter(|_| {
+                let (status, _) = http_get(http, "/v1/check/d?user=u");
+                assert!(status == 200 || status == 429, "{status}");
+                status == 200
+            })
+            .count();
+        assert_eq!(admitted, 10, "a quarter of 40");
+        let (status, body) = http_get(http, "/v1/cluster");
+        assert_eq!(status, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["redis"]["mode"], "fallback", "{body}");
+        assert_eq!(v["redis"]["nodes"], 4, "{body}");
+        assert_eq!(v["redis"]["transitions"], 1, "{body}");
+        rt.block_on(node.shutdown());
     }
 
     #[test]
