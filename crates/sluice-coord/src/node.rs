@@ -894,9 +894,11 @@ pub struct Node {
     /// a gift came in is still safe: see `Node::take_census`); cleared when a link changes
     /// incarnation or is frozen.
     census: Option<Census>,
-    /// Each neighbour's latest claim, with the incarnation that made it, while it makes one.
-    census_heard: BTreeMap<NodeId, (u64, Census)>,
-    /// The view this incarnation took its initial share back in, if it did.
+    /// Each neighbour's latest claim, while it makes one: the incarnation that made it,
+    /// whether it was addressed to ours, the claim.
+    census_heard: BTreeMap<NodeId, (u64, bool, Census)>,
+    /// This incarnation took its initial share back, with its links at these incarnations
+    /// (their digest, `Node::view_digest`).
     reminted: Option<u64>,
 }
 
@@ -1576,8 +1578,9 @@ impl Node {
         // makes one.
         if fresh && (msg.census.is_some() || !self.census_heard.is_empty()) {
             match msg.census {
-                Some(d) => {
-                    self.census_heard.insert(from, (msg.from_inc, d));
+                Some(c) => {
+                    let to_me = msg.to_inc == self.inc;
+                    self.census_heard.insert(from, (msg.from_inc, to_me, c));
                 }
                 None => {
                     self.census_heard.remove(&from);

@@ -245,16 +245,17 @@ pub struct Message {
 }
 
 /// A claim about a restarted cluster (see [`crate::node`], "Re-minting after a whole-cluster
-/// restart"). `view` is the digest of the sender's view of the cluster: every node it links
-/// with at the incarnation it knows, and itself.
+/// restart"). It speaks of the sender's incarnation (`Message::from_inc`) and of the
+/// receiver's as the sender knows it (`Message::to_inc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Census {
-    /// Digest of the sender's view.
-    pub view: u64,
-    /// `false`: the sender is *pristine* (a restarted node that holds its reservation and
-    /// nothing else, never gave nor received, and keeps nothing of any other incarnation).
-    /// `true`: the sender took its initial share back because every node of this view was
-    /// pristine; a member of the same view that has not yet may too.
+    /// With `reminted` false: the sender is *pristine* (a restarted node that holds its
+    /// reservation and nothing else, never gave nor received, and keeps nothing of any other
+    /// incarnation), and so is every node within `level − 1` hops of it, each as its
+    /// neighbours know it.
+    pub level: u16,
+    /// The sender took its initial share back (every node was pristine) and its links are
+    /// with the incarnations they were with then; a member that has not yet may too.
     pub reminted: bool,
 }
 
@@ -478,7 +479,7 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         }
     }
     if let Some(c) = m.census {
-        put(out, c.view);
+        put(out, u64::from(c.level));
         out.push(u8::from(c.reminted));
     }
 }
@@ -711,14 +712,15 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         }
     }
     let census = if flags & 64 != 0 {
-        let view = r.var()?;
+        let at = r.at;
+        let level = u16::try_from(r.var()?).map_err(|_| WireError::Overflow(at))?;
         let at = r.at;
         let reminted = match r.byte()? {
             0 => false,
             1 => true,
             t => return Err(WireError::Tag { tag: t, at }),
         };
-        Some(Census { view, reminted })
+        Some(Census { level, reminted })
     } else {
         None
     };
@@ -996,7 +998,7 @@ mod tests {
                 ward_incarnation: 3,
             }],
             census: Some(Census {
-                view: 0xdead_beef_f00d,
+                level: 300,
                 reminted: true,
             }),
             ..Message::default()

@@ -1020,17 +1020,22 @@ fn rolling_restarts_forget_old_links() {
 /// the reservations for ever. Every node is pristine (its reservation and nothing else) and
 /// all see the same incarnations, so each member takes its initial share back: Σ own = L
 /// again, Σ enforced ≤ L at every event (the harness checks). Also staggered (restarts a few
-/// cycles apart, some nodes hearing old incarnations first) and at 30 % loss.
+/// cycles apart, some nodes hearing old incarnations first) and at 30 % loss, on a complete
+/// graph, a ring and a path (where "everyone is pristine" is learnt hop by hop).
 #[test]
 fn a_whole_cluster_restart_remints_the_initial_shares() {
     let n = 5;
     let limit = 100_000;
-    for (loss, stagger, reserved) in [
+    let cases = [
         (0.0, 0, false),
         (0.0, 3, true),
         (0.3, 2, false),
         (0.3, 0, true),
-    ] {
+    ];
+    for ((loss, stagger, reserved), edges) in cases
+        .into_iter()
+        .flat_map(|c| [(c, complete(n)), (c, ring(n)), (c, path(n))])
+    {
         let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
             let mut c = cfg(n, 0.1, limit)(id, links);
             if reserved {
@@ -1043,7 +1048,7 @@ fn a_whole_cluster_restart_remints_the_initial_shares() {
             dup: 0.0,
             max_delay: 0,
         };
-        let mut c = Cluster::new(n, &complete(n), make, net, 11).unwrap();
+        let mut c = Cluster::new(n, &edges, make, net, 11).unwrap();
         for id in 0..n {
             c.apply(Step::SetDemand(id, KEY, 4_000.0 * f64::from(id + 1)));
         }
@@ -1063,7 +1068,7 @@ fn a_whole_cluster_restart_remints_the_initial_shares() {
         assert_eq!(
             c.sum_own(KEY),
             limit,
-            "loss {loss} stagger {stagger} reserved {reserved}"
+            "loss {loss} stagger {stagger} reserved {reserved} edges {edges:?}"
         );
         assert_eq!(c.sum_enforced(KEY), limit);
     }

@@ -2,9 +2,9 @@
 //! restart"). A restarted member holds only its reservation; its initial share comes back only
 //! as an inheritance. When every node restarts at once, nobody is left to inherit from and the
 //! cluster would enforce its reservations for ever. A node that holds nothing else and keeps
-//! nothing of any other incarnation is *pristine*; when every node it links with says it is
-//! pristine and sees the same nodes at the same incarnations, no capacity is left anywhere
-//! but in reservations, and each member takes its own initial share back, once.
+//! nothing of any other incarnation is *pristine*; when every node says so (learnt hop by hop,
+//! each pair of neighbours seeing each other's current incarnation), no capacity is left
+//! anywhere but in reservations, and each member takes its own initial share back, once.
 
 use super::*;
 
@@ -78,14 +78,16 @@ impl Node {
 
     /// At every tick: what our messages claim (`Message::census`), and the re-mint.
     ///
-    /// We take our initial share back (once per incarnation, only a member holding exactly
-    /// its reservation) when every neighbour, up and at the incarnation we know, claims our
-    /// view — pristine or already re-minted in it — while we are pristine; or when one
-    /// claims it re-minted in our view (it saw every node of the view pristine, us
-    /// included: what we received since can only come from re-minted shares). Only on a
-    /// graph where every node links with every other do all views agree (each lists its
-    /// own neighbours); elsewhere nothing happens (the capacity stays lost, never counted
-    /// twice).
+    /// A neighbour's claim counts if it came from the incarnation our link is with and was
+    /// addressed to ours (each side sees the other's current incarnation, so neither takes
+    /// anything from a dead incarnation of the other). Pristine, we claim level `1 + min` of
+    /// our neighbours' latest levels (0 for one without a claim that counts; a re-minted one counts
+    /// as the top): level `k` says every node within `k − 1` hops is pristine. A member
+    /// holding exactly its reservation takes its initial share back, once per incarnation,
+    /// at level `N` (the number of members: no member is further away than `N − 1` hops), or
+    /// when a neighbour claims it re-minted (that neighbour saw every node pristine, us
+    /// included: what we received since can only come from re-minted shares). A node with a
+    /// neighbour that is not a member claims nothing: joiners are not counted in `N`.
     ///
     /// A claim is worked out here, once a tick, and may go out after a gift came in: still
     /// safe. What a node receives after its claim comes from a node that held it after its
@@ -97,60 +99,72 @@ impl Node {
             self.census = None;
             return;
         }
-        let view = self.view_digest();
         if let Some(v) = self.reminted {
-            // Vouch for the view we re-minted in while it holds: members that missed the
-            // round re-mint from this.
-            self.census = (view == Some(v)).then_some(Census {
-                view: v,
+            // Vouch while our links are with the incarnations they were with at the re-mint:
+            // members that missed the round re-mint from this.
+            self.census = (self.view_digest() == Some(v)).then_some(Census {
+                level: 0,
                 reminted: true,
             });
             return;
         }
-        let Some(view) = view else {
-            self.census = None;
-            return;
-        };
         let id = self.cfg.id;
+        let members = &self.cfg.members;
+        let top = u16::try_from(members.len()).unwrap_or(u16::MAX);
+        let lease = self.cfg.lease;
+        let mut vouched = false;
+        let mut level = top;
+        let mut any = false;
+        for (&p, l) in self.links.iter().filter(|(_, l)| l.neighbour) {
+            any = true;
+            if !members.contains(&p) {
+                self.census = None;
+                return;
+            }
+            let heard = self
+                .census_heard
+                .get(&p)
+                .filter(|&&(inc, to_me, _)| inc == l.inc && to_me)
+                .map(|&(_, _, c)| c);
+            let theirs = match heard {
+                Some(c) if c.reminted => {
+                    vouched = true;
+                    top
+                }
+                // The latest claim counts while the neighbour is not down (heard within a
+                // lease): requiring one from the last two cycles stalled the count under
+                // loss (one silent link anywhere set every node back), and a dead neighbour
+                // must hold the count until it is back, or its share would never return.
+                Some(c) if l.last_recv.is_some_and(|t| now.saturating_sub(t) <= lease) => c.level,
+                _ => 0,
+            };
+            level = level.min(theirs);
+        }
         let own_reserve = self.holdings.as_slice()
             == [Holding {
                 node: id,
                 part: Part::ReserveOnly,
             }];
-        let up = 2 * self.cfg.cycle;
-        let claim = |l: &Link, p: NodeId| {
-            self.census_heard
-                .get(&p)
-                .filter(|(inc, c)| *inc == l.inc && c.view == view)
-                .map(|(_, c)| c.reminted)
+        let pristine = any && self.view_digest().is_some() && self.is_pristine();
+        let level = if pristine {
+            level.saturating_add(1).min(top)
+        } else {
+            0
         };
-        let vouched = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.neighbour)
-            .any(|(&p, l)| claim(l, p) == Some(true));
-        let pristine = self.is_pristine();
-        let all_agree = pristine
-            && self.links.len() > 0
-            && self
-                .links
-                .iter()
-                .filter(|(_, l)| l.neighbour)
-                .all(|(&p, l)| Self::link_usable(l, now, up) && claim(l, p).is_some());
-        if own_reserve && (vouched || all_agree) {
-            self.remint(view);
+        if own_reserve && (vouched || level >= top) {
+            self.remint();
             return;
         }
         self.census = pristine.then_some(Census {
-            view,
+            level,
             reminted: false,
         });
     }
 
-    /// Takes our initial share back: every node of `view` held only its reservation (see
+    /// Takes our initial share back: every node held only its reservation (see
     /// `take_census`), so each member's initial share less its reservation exists nowhere,
     /// and only the member takes it back, once.
-    fn remint(&mut self, view: u64) {
+    fn remint(&mut self) {
         let id = self.cfg.id;
         let add = self.cfg.initial_share(id) - self.cfg.reservation(id);
         self.holdings = vec![Holding {
@@ -163,9 +177,9 @@ impl Node {
             ks.base = ks.base.saturating_add(add);
         }
         self.ledger_version += 1;
-        self.reminted = Some(view);
-        self.census = Some(Census {
-            view,
+        self.reminted = self.view_digest();
+        self.census = self.reminted.map(|_| Census {
+            level: 0,
             reminted: true,
         });
     }
