@@ -15,9 +15,10 @@
 //!   measured consumption rate and the size to ask for next.
 //! - [`TokenClient`], the async client a node's engine calls ([`crate::Engine::attach_token_server`]):
 //!   answers from its lease, asks the server when the lease runs out, and while the server
-//!   does not answer within the timeout decides locally — first with what is left of its
-//!   lease (its lease's rate while the lease lasts), then with `1/N` of the limit
-//!   (seed 002 §4.4(4)) — probing one request per 100 ms until a server grants again.
+//!   does not answer within the timeout decides locally — from its lease alone while the
+//!   lease lasts (its permits, at its rate), then with `1/N` of the limit on a state that
+//!   already counts what the node took from leases (seed 002 §4.4(4)) — probing one request
+//!   per 100 ms until a server grants again.
 //! - [`TokenServerNode`], the async server: the `POST /v1/token` endpoint ([`router`]) and
 //!   the watch over the servers ranked before it.
 //!
@@ -62,7 +63,7 @@ use hyper_util::rt::TokioIo;
 use sluice_limits::{
     Algorithm, AlgorithmKind, AnyAlgorithm, AnyState, Decision, Limit, Nanos, Options,
 };
-use sluice_redis::{ConsumptionRate, MemoryStore, Share, Source};
+use sluice_redis::{ConsumptionRate, Share, Source};
 
 use crate::peer::{PeerKey, open, seal};
 
@@ -345,12 +346,16 @@ impl Default for LeaseConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Lease {
     left: u64,
     expires: Nanos,
     rate: ConsumptionRate,
     refused_until: Nanos,
+    /// The node's own share of the limit (`1/nodes`), on the rule's algorithm: charged with
+    /// every permit admitted from leases (as far as it goes), and the fallback's limiter
+    /// once the lease has expired — so a share used up from leases is not spent twice.
+    share: Option<AnyState>,
 }
 
 /// What the lease says about a request.
@@ -367,16 +372,31 @@ pub enum Local {
 pub struct LeaseBook {
     config: LeaseConfig,
     leases: HashMap<(String, AlgorithmKind), Lease>,
+    /// The fallback's share is `1/nodes` (0 counts as 1).
+    nodes: u64,
 }
 
 impl LeaseBook {
-    /// No lease yet.
+    /// No lease yet; the fallback's share is the whole limit ([`LeaseBook::with_nodes`]).
     #[must_use]
     pub fn new(config: LeaseConfig) -> Self {
         Self {
             config,
             leases: HashMap::new(),
+            nodes: 1,
         }
+    }
+
+    /// The fallback's share is `1/nodes` of each limit.
+    #[must_use]
+    pub fn with_nodes(mut self, nodes: u64) -> Self {
+        self.nodes = nodes.max(1);
+        self
+    }
+
+    /// This node's share of `limit`.
+    fn share_of(&self, limit: &Limit) -> Limit {
+        Share::one_of(self.nodes).apply(limit)
     }
 
     /// Decides from the lease if it can.
@@ -390,12 +410,13 @@ impl LeaseBook {
     ) -> Local {
         let horizon = self.config.horizon;
         let smoothing = self.config.smoothing;
+        let share = self.share_of(limit);
         let lease = self.leases.entry((key.to_string(), kind)).or_default();
         if now >= lease.expires {
             lease.left = 0;
         }
         if lease.left >= cost {
-            return Local::Decided(take(lease, limit, now, cost));
+            return Local::Decided(take(lease, kind, limit, &share, now, cost));
         }
         if now < lease.refused_until {
             let wait = lease.refused_until - now;
@@ -407,17 +428,35 @@ impl LeaseBook {
         Local::Ask(want)
     }
 
-    /// Uses what is left of the lease only (during a fallback): `None` when it cannot serve.
-    pub fn from_lease(
+    /// Decides during a fallback, without the server: while the key's lease is valid, from
+    /// it only (its permits, then refusals until it expires: the lease's rate, never more);
+    /// after that with the node's share, on a state that already counts what the node took
+    /// from leases. Says which: [`Source::Central`] for the lease, [`Source::Local`].
+    pub fn fallback(
         &mut self,
         key: &str,
         kind: AlgorithmKind,
         limit: &Limit,
         now: Nanos,
         cost: u64,
-    ) -> Option<Decision> {
-        let lease = self.leases.get_mut(&(key.to_string(), kind))?;
-        (now < lease.expires && lease.left >= cost).then(|| take(lease, limit, now, cost))
+    ) -> (Decision, Source) {
+        let share = self.share_of(limit);
+        let lease = self.leases.entry((key.to_string(), kind)).or_default();
+        if now < lease.expires {
+            if lease.left >= cost {
+                return (take(lease, kind, limit, &share, now, cost), Source::Central);
+            }
+            let wait = lease.expires - now;
+            return (
+                Decision::deny(limit.count(), lease.left, wait, Some(wait)),
+                Source::Central,
+            );
+        }
+        let alg = AnyAlgorithm::new(kind, Options::default());
+        let state = lease
+            .share
+            .get_or_insert_with(|| alg.new_state(&share, now));
+        (alg.check(state, &share, now, cost), Source::Local)
     }
 
     /// Whether the key holds an unexpired lease with permits left.
@@ -443,6 +482,7 @@ impl LeaseBook {
         valid_for: Nanos,
         retry_after: Option<Nanos>,
     ) -> Decision {
+        let share = self.share_of(limit);
         let lease = self.leases.entry((key.to_string(), kind)).or_default();
         if now >= lease.expires {
             lease.left = 0;
@@ -459,7 +499,7 @@ impl LeaseBook {
             lease.left += granted;
         }
         if lease.left >= cost {
-            return take(lease, limit, now, cost);
+            return take(lease, kind, limit, &share, now, cost);
         }
         let wait = retry_after.unwrap_or(1).max(1);
         if granted == 0 {
@@ -486,9 +526,26 @@ impl LeaseBook {
     }
 }
 
-fn take(lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+/// Gives `cost` permits out of the lease, and charges them to the node's share (what fits).
+fn take(
+    lease: &mut Lease,
+    kind: AlgorithmKind,
+    limit: &Limit,
+    share: &Limit,
+    now: Nanos,
+    cost: u64,
+) -> Decision {
     lease.left -= cost;
     lease.rate.used(cost);
+    let alg = AnyAlgorithm::new(kind, Options::default());
+    let state = lease.share.get_or_insert_with(|| alg.new_state(share, now));
+    if !alg.check(state, share, now, cost).allowed {
+        // More than the share from leases: the share is used up, no more.
+        let fits = available(&alg, state, share, now).min(cost);
+        if fits > 0 {
+            alg.check(state, share, now, fits);
+        }
+    }
     Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
 }
 
@@ -690,7 +747,7 @@ fn wall_now() -> Nanos {
 pub enum TokenMode {
     /// By a token server's leases.
     Central,
-    /// Locally: what is left of the lease, then `1/N` of the limit.
+    /// Locally: the lease while it lasts, then `1/N` of the limit.
     Fallback,
 }
 
@@ -758,8 +815,6 @@ impl ClientSpec {
 pub struct TokenClient {
     spec: ClientSpec,
     book: parking_lot::Mutex<LeaseBook>,
-    local: MemoryStore,
-    algorithms: Vec<AnyAlgorithm>,
     pool: Pool,
     current: AtomicUsize,
     /// 0: central; else the fallback's start + 1.
@@ -798,13 +853,8 @@ impl TokenClient {
     pub fn new(spec: ClientSpec) -> Self {
         let n = spec.servers.len();
         Self {
-            book: parking_lot::Mutex::new(LeaseBook::new(spec.lease)),
+            book: parking_lot::Mutex::new(LeaseBook::new(spec.lease).with_nodes(spec.nodes)),
             spec,
-            local: MemoryStore::new(),
-            algorithms: AlgorithmKind::ALL
-                .iter()
-                .map(|&k| AnyAlgorithm::new(k, Options::default()))
-                .collect(),
             pool: Pool::new(n),
             current: AtomicUsize::new(0),
             fallback_since: AtomicU64::new(0),
@@ -1016,7 +1066,7 @@ impl TokenClient {
                         tracing::warn!(
                             %cause,
                             nodes = self.spec.nodes,
-                            "token server does not serve: deciding coordination: token-server rules locally (lease left, then 1/{} of each limit)",
+                            "token server does not serve: deciding coordination: token-server rules locally (the lease while it lasts, then 1/{} of each limit)",
                             self.spec.nodes
                         );
                     }
@@ -1032,7 +1082,7 @@ impl TokenClient {
             .store(now.saturating_add(1), Ordering::Release);
     }
 
-    /// Fallback: what is left of the lease, else the node's share.
+    /// Fallback: the lease while it is valid, then the node's share ([`LeaseBook::fallback`]).
     fn local(
         &self,
         kind: AlgorithmKind,
@@ -1041,19 +1091,12 @@ impl TokenClient {
         now: Nanos,
         cost: u64,
     ) -> (Decision, Source) {
-        if let Some(d) = self.book.lock().from_lease(key, kind, limit, now, cost) {
-            self.central.fetch_add(1, Ordering::Relaxed);
-            return (d, Source::Central);
-        }
-        self.local_decisions.fetch_add(1, Ordering::Relaxed);
-        let index = kind.index();
-        let d = match self.algorithms.get(index) {
-            Some(alg) => self
-                .local
-                .decide(alg, key, &self.fallback_limit(limit), now, cost),
-            None => Decision::deny(limit.count(), 0, limit.period(), None),
+        let (d, source) = self.book.lock().fallback(key, kind, limit, now, cost);
+        match source {
+            Source::Central => self.central.fetch_add(1, Ordering::Relaxed),
+            Source::Local => self.local_decisions.fetch_add(1, Ordering::Relaxed),
         };
-        (d, Source::Local)
+        (d, source)
     }
 
     /// Permits this node holds in unexpired leases at `now`.
@@ -1457,7 +1500,57 @@ mod tests {
         // An expired lease serves nothing.
         b.apply("k", k, &l, S + 2, S + 2, 1, 0, 0, Some(5));
         assert!(matches!(b.try_local("k", k, &l, S + 3, 1), Local::Decided(d) if !d.allowed));
-        assert!(b.from_lease("k", k, &l, S + 10, 1).is_none());
+        // In fallback the lease (valid until S + 100 ms, used up) refuses until it ends.
+        let (d, source) = b.fallback("k", k, &l, S + 10, 1);
+        assert!(!d.allowed && source == Source::Central, "{d:?}");
+        assert_eq!(d.retry_after, Some(100_000_000 - 10));
+    }
+
+    #[test]
+    fn a_fallback_keeps_to_the_lease_then_to_a_share_that_counts_the_leases() {
+        // Two nodes: the share is 50 of 100 per window.
+        let mut b = LeaseBook::new(LeaseConfig::default()).with_nodes(2);
+        let (l, k) = (fw(100), AlgorithmKind::FixedWindow);
+        let lease = 100_000_000;
+        let t = 10 * S;
+        // 30 of a 40-permit lease used centrally.
+        assert!(b.apply("k", k, &l, t, t, 1, 40, lease, None).allowed);
+        for _ in 0..29 {
+            assert!(matches!(b.try_local("k", k, &l, t + 1, 1), Local::Decided(d) if d.allowed));
+        }
+        // The server is gone. While the lease is valid: its 10 permits, then refusals until
+        // it ends — not the share on top.
+        let mid = t + lease / 2;
+        for _ in 0..10 {
+            assert_eq!(b.fallback("k", k, &l, mid, 1).1, Source::Central);
+        }
+        let (d, source) = b.fallback("k", k, &l, mid, 1);
+        assert!(!d.allowed && source == Source::Central, "{d:?}");
+        assert_eq!(d.retry_after, Some(lease / 2));
+        // After it: the share, less the 40 taken from leases in this window.
+        let after = t + 2 * lease;
+        let local = (0..100)
+            .filter(|_| {
+                let (d, source) = b.fallback("k", k, &l, after, 1);
+                assert_eq!(source, Source::Local);
+                d.allowed
+            })
+            .count();
+        assert_eq!(local, 10, "40 from leases + 10 = the share of 50");
+        // The next window: the whole share.
+        let next = (0..100)
+            .filter(|_| b.fallback("k", k, &l, t + S, 1).0.allowed)
+            .count();
+        assert_eq!(next, 50);
+
+        // A node that took more than its share from leases admits nothing more locally in
+        // that window: max(leases, share), never their sum.
+        assert!(b.apply("big", k, &l, t, t, 1, 80, lease, None).allowed);
+        for _ in 0..79 {
+            assert!(matches!(b.try_local("big", k, &l, t + 1, 1), Local::Decided(d) if d.allowed));
+        }
+        assert!(!b.fallback("big", k, &l, after, 1).0.allowed);
+        assert!(b.fallback("big", k, &l, t + S, 1).0.allowed);
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn client(servers: &[ServerAddr], node: u32, timeout: Duration) -> TokenClient {
     TokenClient::new(c)
 }
 
-fn engine(c: TokenClient) -> Arc<Engine> {
+fn engine(c: impl Into<Arc<TokenClient>>) -> Arc<Engine> {
     let e = Engine::new(Config::from_yaml("rules.yaml", RULES).unwrap());
     assert!(e.attach_token_server(c));
     Arc::new(e)
@@ -233,43 +233,138 @@ async fn two_nodes_never_admit_more_than_the_limit_per_window() {
     }
 }
 
+/// What one node's client decided: (node, when it completed, admitted, who decided, how
+/// long it took).
+type Decided = Vec<(usize, u64, bool, Source, Duration)>;
+
+/// `tasks` callers per client, one request each `every`, until `until`, straight to the
+/// clients (to see who decided each request).
+async fn load_clients(
+    clients: &[Arc<TokenClient>],
+    tasks: usize,
+    every: Duration,
+    until: Instant,
+) -> Decided {
+    let limit = Limit::from_nanos(LIMIT, SECOND).unwrap();
+    let mut handles = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        for _ in 0..tasks {
+            let c = c.clone();
+            handles.push(tokio::spawn(async move {
+                let mut log = Decided::new();
+                while Instant::now() < until {
+                    let (t, start) = (now(), Instant::now());
+                    let (d, source) = c.check(AlgorithmKind::FixedWindow, "k", &limit, t, 1).await;
+                    let took = start.elapsed();
+                    let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+                    log.push((i, done, d.allowed, source, took));
+                    tokio::time::sleep(every).await;
+                }
+                log
+            }));
+        }
+    }
+    let mut all = Decided::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    all
+}
+
+/// `GET /v1/cluster` of `engine`'s HTTP API (served on 127.0.0.1 for this call), as JSON.
+async fn cluster_view(engine: &Arc<Engine>) -> serde_json::Value {
+    use http_body_util::{BodyExt, Empty};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let state = sluice_server::http::HttpState::new(engine.clone(), None);
+    let served = tokio::spawn(sluice_server::http::run(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get("/v1/cluster")
+        .header(http::header::HOST, "localhost")
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    drop(sender);
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_means_local_decisions_within_the_timeout() {
     const TIMEOUT: Duration = Duration::from_millis(50);
+    const NODES: u64 = 2;
     let (mut ls, servers) = listeners(1);
     let mut server = Server::start(ls.remove(0), server_spec(&servers, 0));
-    let nodes = [
-        engine(client(&servers, 0, TIMEOUT)),
-        engine(client(&servers, 1, TIMEOUT)),
-    ];
+    let clients: Vec<Arc<TokenClient>> = (0..2)
+        .map(|i| Arc::new(client(&servers, i, TIMEOUT)))
+        .collect();
+    let nodes: Vec<Arc<Engine>> = clients.iter().map(|c| engine(c.clone())).collect();
     server.serving().await;
     next_window().await;
     let until = Instant::now() + Duration::from_millis(2_200);
     let load = {
-        let nodes = nodes.clone();
-        tokio::spawn(async move { load_engines(&nodes, 2, Duration::from_millis(2), until).await })
+        let clients = clients.clone();
+        tokio::spawn(
+            async move { load_clients(&clients, 2, Duration::from_millis(2), until).await },
+        )
     };
     tokio::time::sleep(Duration::from_millis(600)).await;
+    for e in &nodes {
+        let v = cluster_view(e).await;
+        assert_eq!(v["token_server"]["mode"], "central", "{v}");
+    }
+    let killing = now();
     server.kill().await;
     let killed = now();
     let log = load.await.unwrap();
-    // Every decision came back (no error: `unwrap` above), and none waited much past the
-    // timeout (slack for a busy machine).
-    let slowest = log.iter().map(|l| l.3).max().unwrap();
+    // Every decision came back, and none waited much past the timeout (slack for a busy
+    // machine).
+    let slowest = log.iter().map(|l| l.4).max().unwrap();
     assert!(
         slowest <= TIMEOUT + Duration::from_millis(150),
         "a decision took {slowest:?}"
     );
+    // Every admission, from leases and local, per window: at most Σ max(leases of node i,
+    // L/N) (docs/PROTOCOL.md, token server fallback) — a node's share counts what it took
+    // from leases in the window, and it never uses its share while its lease lasts.
+    let mut windows: BTreeMap<u64, (u64, [u64; 2])> = BTreeMap::new();
+    for &(node, done, ok, source, _) in &log {
+        if ok {
+            let w = windows.entry(done / SECOND).or_default();
+            w.0 += 1;
+            if source == Source::Central {
+                w.1[node] += 1;
+            }
+        }
+    }
+    let share = LIMIT / NODES;
+    let kill_window = killed / SECOND;
+    assert!(windows.contains_key(&kill_window), "{windows:?}");
+    for (w, (total, leased)) in &windows {
+        let bound: u64 = leased.iter().map(|&a| a.max(share)).sum();
+        assert!(
+            leased.iter().sum::<u64>() <= LIMIT && *total <= bound,
+            "window {w}: {total} admitted, {leased:?} from leases, bound {bound}: {windows:?}"
+        );
+        // The closed form: never more than L + (N − 1)·L/N.
+        assert!(*total <= LIMIT + (NODES - 1) * share, "{windows:?}");
+    }
     // After the kill and the last lease, each node decides with half the limit.
-    let after: u64 = log
+    let after = windows
         .iter()
-        .filter(|l| l.1 && l.0 >= killed + 200_000_000 && l.0 / SECOND > killed / SECOND)
-        .map(|l| l.0 / SECOND)
-        .fold(BTreeMap::<u64, u64>::new(), |mut m, w| {
-            *m.entry(w).or_default() += 1;
-            m
-        })
-        .into_values()
+        .filter(|(w, _)| **w > kill_window && **w * SECOND >= killed + 200_000_000)
+        .map(|(_, (n, _))| *n)
         .max()
         .unwrap_or(0);
     assert!(
@@ -285,6 +380,13 @@ async fn a_killed_server_means_local_decisions_within_the_timeout() {
         let text = Metrics::new(e.clone(), None).encode().unwrap();
         assert!(text.contains("sluice_token_fallback 1"), "{text}");
         assert!(text.contains("sluice_token_transitions 1"), "{text}");
+        // And operators see it on /v1/cluster.
+        let v = cluster_view(e).await;
+        let t = &v["token_server"];
+        assert_eq!(t["mode"], "fallback", "{v}");
+        assert_eq!(t["transitions"], 1, "{v}");
+        assert_eq!(t["nodes"], NODES, "{v}");
+        assert!(t["since"].as_u64().is_some_and(|s| s >= killing), "{v}");
     }
 }
 
@@ -299,6 +401,8 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
     let clients: Vec<Arc<TokenClient>> = (0..2)
         .map(|i| Arc::new(client(&servers, i, TIMEOUT)))
         .collect();
+    // The same clients in engines, for their `/v1/cluster`.
+    let views: Vec<Arc<Engine>> = clients.iter().map(|c| engine(c.clone())).collect();
     primary.serving().await;
     // The successor sees the primary and stands by.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -330,6 +434,17 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
     tokio::time::sleep(Duration::from_millis(1_400)).await;
     primary.kill().await;
     let killed = now();
+    // Until the successor serves, the clients decide locally, and say so.
+    let mut seen = [false; 2];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !seen.iter().all(|s| *s) && Instant::now() < deadline {
+        for (i, e) in views.iter().enumerate() {
+            let v = cluster_view(e).await;
+            seen[i] |= v["token_server"]["mode"] == "fallback";
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(seen, [true; 2], "/v1/cluster never showed the fallback");
     let mut log = Log::new();
     for h in handles {
         log.extend(h.await.unwrap());
@@ -369,5 +484,12 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
         assert_eq!(st.mode, TokenMode::Central, "{st:?}");
         assert_eq!(st.server, 1, "{st:?}");
         assert_eq!(st.transitions, 2, "to the fallback and back: {st:?}");
+    }
+    for e in &views {
+        let v = cluster_view(e).await;
+        let t = &v["token_server"];
+        assert_eq!(t["mode"], "central", "{v}");
+        assert_eq!(t["server"], 1, "{v}");
+        assert_eq!(t["transitions"], 2, "{v}");
     }
 }
