@@ -1,8 +1,12 @@
-//! The gRPC shell, end to end: a server on 127.0.0.1:0 in this process, called by Envoy's own
-//! generated RLS v3 client, answering as envoyproxy/ratelimit's README says it does.
+//! The gRPC shell, end to end: a server on 127.0.0.1:0 in this process (`grpc::run_with_clock`,
+//! the server `sluice serve` runs on the wall clock), called by Envoy's own generated RLS v3
+//! client, answering as envoyproxy/ratelimit's README says it does — every one of its
+//! documented examples — and refusing what is not a request it can decode.
 //! Time is a `ManualClock` pinned to the start of a unix day, so window edges never move
 //! under a test; every test is bounded by a timeout.
 #![allow(clippy::unwrap_used)]
+
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +74,11 @@ struct Server {
 
 impl Server {
     async fn start(yaml: &str) -> Self {
+        Self::start_at(yaml, Arc::new(ManualClock::new(T0))).await
+    }
+
+    /// A server deciding at the times of `clock` (the test moves it).
+    async fn start_at(yaml: &str, clock: Arc<ManualClock>) -> Self {
         let engine = Arc::new(Engine::new(Config::from_yaml("test.yaml", yaml).unwrap()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -77,7 +86,7 @@ impl Server {
         let done = tokio::spawn(sluice_server::grpc::run_with_clock(
             listener,
             Arc::clone(&engine),
-            ManualClock::new(T0),
+            clock,
             async {
                 let _ = stopped.await;
             },
@@ -370,6 +379,207 @@ async fn shuts_down_cleanly_and_stops_listening() {
         let addr = s.addr;
         s.stop().await;
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    })
+    .await;
+}
+
+/// The protobuf status a documented example's table wants at `now`.
+fn wanted(want: support::Want, now: u64) -> DescriptorStatus {
+    use sluice_server::Unit as U;
+    match want {
+        support::NoLimit => no_limit(),
+        support::Unlimited => DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        },
+        support::Limit(code, rpu, unit, remaining) => {
+            let left = unit.nanos() - now % unit.nanos();
+            DescriptorStatus {
+                code: proto_code(code).into(),
+                current_limit: Some(RateLimit {
+                    name: String::new(),
+                    requests_per_unit: rpu,
+                    unit: match unit {
+                        U::Second => Unit::Second,
+                        U::Minute => Unit::Minute,
+                        U::Hour => Unit::Hour,
+                        U::Day => Unit::Day,
+                        U::Week => Unit::Week,
+                        U::Month => Unit::Month,
+                        U::Year => Unit::Year,
+                    }
+                    .into(),
+                }),
+                limit_remaining: remaining,
+                duration_until_reset: Some(PbDuration {
+                    seconds: (left / 1_000_000_000) as i64,
+                    nanos: (left % 1_000_000_000) as i32,
+                }),
+                quota: None,
+            }
+        }
+    }
+}
+
+fn proto_code(code: sluice_server::Code) -> Code {
+    match code {
+        sluice_server::Code::Ok => Code::Ok,
+        sluice_server::Code::OverLimit => Code::OverLimit,
+    }
+}
+
+/// envoyproxy/ratelimit's documented examples 1–9 (the tables `envoy_examples.rs` runs
+/// against the engine) through Envoy's generated client and the gRPC server, answer for
+/// answer, field for field.
+#[tokio::test]
+async fn every_documented_example_through_envoys_grpc_client() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for ex in support::EXAMPLES {
+            let clock = Arc::new(ManualClock::new(support::T0));
+            let mut s = Server::start_at(ex.yaml, Arc::clone(&clock)).await;
+            for (n, step) in ex.steps.iter().enumerate() {
+                let now = support::T0 + step.at;
+                clock.set(now);
+                let mut last = None;
+                for _ in 0..step.times {
+                    last = Some(s.ask(ex.domain, step.send).await.unwrap());
+                }
+                let r = last.unwrap();
+                assert_eq!(
+                    r.overall_code,
+                    i32::from(proto_code(step.overall)),
+                    "{}, step {n}: {r:?}",
+                    ex.name
+                );
+                let want: Vec<_> = step.last.iter().map(|w| wanted(*w, now)).collect();
+                assert_eq!(r.statuses, want, "{}, step {n}", ex.name);
+            }
+            s.stop().await;
+        }
+    })
+    .await
+    .expect("test exceeded its time bound");
+}
+
+/// Bytes as they are, in and out: the gRPC framing without protobuf, to send what Envoy's
+/// client never would.
+#[derive(Debug, Clone, Copy)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf as _;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+/// `body` as the message of a `ShouldRateLimit` call.
+async fn raw_call(addr: std::net::SocketAddr, body: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    grpc.unary(tonic::Request::new(body), path, Raw)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A length-delimited protobuf field (`tag` is the field number; wire type 2).
+fn field(tag: u8, value: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag << 3 | 2];
+    let mut len = value.len();
+    while len >= 0x80 {
+        out.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(value);
+    out
+}
+
+/// A request larger than the server decodes (tonic's default, 4 MiB) and bodies that are
+/// not a `RateLimitRequest` get an error status; the server keeps serving, and none of them
+/// counted: the next check sees the count the accepted requests alone leave.
+#[tokio::test]
+async fn oversized_and_malformed_requests_are_refused_and_change_nothing() {
+    bounded(async {
+        let mut s = Server::start(EXAMPLE_3).await;
+        let d = "edge_proxy_per_ip";
+        let ip: &[&[(&str, &str)]] = &[&[("remote_address", "50.0.0.1")]];
+        let r = s.ask(d, ip).await.unwrap();
+        assert_eq!(r.statuses, [per_second(Code::Ok, 10, 9)]);
+
+        // 200,000 descriptors of the counted address (about 6 MB): decoded, they would take
+        // its whole allowance.
+        let mut big = request(d, ip);
+        big.descriptors = vec![big.descriptors[0].clone(); 200_000];
+        let e = s.client.should_rate_limit(big).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+        assert!(e.message().contains("too large"), "{e:?}");
+
+        // The same request as the client above, encoded by hand: accepted on this path.
+        let entry = [field(1, b"remote_address"), field(2, b"50.0.0.1")].concat();
+        let descriptor = field(1, &entry);
+        let valid = [field(1, d.as_bytes()), field(2, &descriptor)].concat();
+        raw_call(s.addr, valid.clone()).await.unwrap();
+        // Truncated (its last descriptor cut short), garbage, and a field of an undefined
+        // wire type: each refused, none decoded in part.
+        for body in [
+            valid[..valid.len() - 3].to_vec(),
+            vec![0xff; 64],
+            vec![0x0f, 0x01],
+        ] {
+            let e = raw_call(s.addr, body.clone()).await.unwrap_err();
+            assert_ne!(e.code(), tonic::Code::Ok, "{body:?}");
+            assert!(
+                e.message().contains("decode"),
+                "{body:?} refused with {e:?}"
+            );
+        }
+
+        // Still serving, and only the two accepted requests counted.
+        let r = s.ask(d, ip).await.unwrap();
+        assert_eq!(r.statuses, [per_second(Code::Ok, 10, 7)]);
+        assert_eq!(s.engine.len(), 1);
+        s.stop().await;
     })
     .await;
 }
