@@ -815,8 +815,11 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             .map(|k| {
                 let units = node.enforced(k, now);
                 let global = d.rules.get(&k).copied().unwrap_or(0);
+                let (domain, rule) = self.shares.rule(k).unzip();
                 KeyShareStatus {
                     key: format!("{k:016x}"),
+                    domain,
+                    rule,
                     share: units as f64 / SCALE as f64,
                     limit: scaled(global, units),
                     global_limit: global,

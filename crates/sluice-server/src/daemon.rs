@@ -250,7 +250,10 @@ impl Daemon {
         }
         if let (Some(every), ConfigSource::Path(path)) = (spec.watch, &spec.source) {
             let (engine, path, done) = (engine.clone(), path.clone(), stopped());
-            tasks.push(tokio::spawn(watch_config(engine, path, every, done)));
+            let metrics = metrics.clone();
+            tasks.push(tokio::spawn(watch_config(
+                engine, path, every, metrics, done,
+            )));
         }
         Ok(Self {
             engine,
@@ -307,11 +310,12 @@ fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 
 /// Reloads the configuration when its files change (polling: portable, no watcher to lose
 /// events on editors' rename-into-place). A bad file is logged with file, line and reason,
-/// and the configuration in force stays.
+/// and the configuration in force stays; both outcomes are counted in `metrics`.
 async fn watch_config(
     engine: Arc<Engine>,
     path: PathBuf,
     every: Duration,
+    metrics: Arc<crate::metrics::Metrics>,
     done: impl std::future::Future<Output = ()>,
 ) {
     let source = ConfigSource::Path(path.clone());
@@ -328,7 +332,9 @@ async fn watch_config(
             continue;
         }
         seen = now;
-        match engine.reload(&source) {
+        let reloaded = engine.reload(&source);
+        metrics.record_reload(reloaded.is_ok());
+        match reloaded {
             Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
             Err(e) => tracing::error!(
                 error = %e,

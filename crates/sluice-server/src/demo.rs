@@ -3,7 +3,9 @@
 //! gRPC load generators ([`crate::loadgen`], Envoy's own client) whose skewed demand moves
 //! between nodes. Every second it reports the global admitted rate against the limit and
 //! each node's share; at the end, over-throttling and overshoot (as `sluice sim cluster`
-//! defines them, seed 000 §6), decisions per second and latency.
+//! defines them, seed 000 §6), decisions per second and latency: the decision latency inside
+//! the nodes (their `sluice_decision_duration_seconds` histograms, scraped from `/metrics`
+//! as Prometheus would) and the gRPC round trip the load generators saw.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +17,7 @@ use crate::cluster::{ClusterSpec, PeerSpec};
 use crate::config::ConfigSource;
 use crate::daemon::{Daemon, DaemonError, DaemonSpec};
 use crate::loadgen::{self, LoadError, LoadSpec, Stop, Target};
+use crate::metrics::{Api, DecisionHistogram};
 use crate::peer::PeerKey;
 
 /// What to run.
@@ -100,6 +103,11 @@ pub struct SecondRow {
     pub node_admitted: Vec<u64>,
     /// Each node's share of the limit at the end of the second.
     pub shares: Vec<f64>,
+    /// Median decision latency inside the nodes this second, microseconds (all nodes'
+    /// histograms merged; `None` if no decision or no scrape).
+    pub decision_p50_us: Option<f64>,
+    /// 99th percentile of the same.
+    pub decision_p99_us: Option<f64>,
 }
 
 /// Latency summary, microseconds.
@@ -109,6 +117,20 @@ pub struct LatencySummary {
     pub p50_us: f64,
     /// Largest of the nodes' 99th percentiles.
     pub p99_us: f64,
+}
+
+/// Decision latency inside the nodes over the whole run, microseconds: the gRPC shell's
+/// time in the engine (`sluice_decision_duration_seconds{api="grpc"}` of every node,
+/// merged), estimated from the histogram's doubling buckets as Prometheus'
+/// `histogram_quantile` does (so to within a factor of 2).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DecisionLatency {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Decisions the histograms hold.
+    pub decisions: u64,
 }
 
 /// The outcome.
@@ -132,6 +154,8 @@ pub struct DemoReport {
     /// Round-trip gRPC latency of `ShouldRateLimit` on loopback, as the load generators saw it
     /// (open loop: measured from each request's intended send time).
     pub latency: LatencySummary,
+    /// Decision latency inside the nodes (`None` if their metrics could not be read).
+    pub decision_latency: Option<DecisionLatency>,
     /// Requests that got an error (should be 0).
     pub errors: u64,
     /// Peer messages per node per second (average).
@@ -234,6 +258,7 @@ pub async fn run(
     let start = Instant::now();
     let (mut last_admitted, mut last_offered) = (vec![0u64; n], vec![0u64; n]);
     let mut t = 0u64;
+    let mut decided = DecisionHistogram::default();
     for (pi, phase) in phases.iter().enumerate() {
         let wsum: f64 = phase.weights.iter().sum();
         let mut runs = Vec::new();
@@ -277,6 +302,9 @@ pub async fn run(
             let o: Vec<u64> = offered.iter().map(|x| x.load(Ordering::Relaxed)).collect();
             let node_admitted: Vec<u64> =
                 a.iter().zip(&last_admitted).map(|(x, y)| x - y).collect();
+            let now_decided = decision_histogram(&daemons).await;
+            let second = now_decided.since(&decided);
+            let us = |q: f64| second.quantile(q).map(|s| s * 1e6);
             let row = SecondRow {
                 t,
                 phase: pi,
@@ -288,7 +316,10 @@ pub async fn run(
                     .iter()
                     .map(|d| d.status().keys.first().map_or(0.0, |k| k.share))
                     .collect(),
+                decision_p50_us: us(0.5),
+                decision_p99_us: us(0.99),
             };
+            decided = now_decided;
             progress(&row, phase);
             rows.push(row);
             (last_admitted, last_offered) = (a, o);
@@ -307,6 +338,15 @@ pub async fn run(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let statuses: Vec<_> = daemons.iter().map(Daemon::status).collect();
+    let decided = decision_histogram(&daemons).await;
+    let decision_latency = match (decided.quantile(0.5), decided.quantile(0.99)) {
+        (Some(p50), Some(p99)) => Some(DecisionLatency {
+            p50_us: p50 * 1e6,
+            p99_us: p99 * 1e6,
+            decisions: decided.count(),
+        }),
+        _ => None,
+    };
     for d in daemons {
         d.shutdown().await;
     }
@@ -344,9 +384,53 @@ pub async fn run(
             p50_us: p50,
             p99_us: p99,
         },
+        decision_latency,
         errors: errors.load(Ordering::Relaxed),
         peer_messages_per_node_per_s: msgs as f64 / n as f64 / elapsed,
         peer_bytes_per_node_per_s: bytes as f64 / n as f64 / elapsed,
         rows,
     })
+}
+
+/// Every node's gRPC decision latency histogram, merged (a node that does not answer its
+/// `/metrics` is left out: the demo goes on).
+async fn decision_histogram(daemons: &[Daemon]) -> DecisionHistogram {
+    let mut all = DecisionHistogram::default();
+    for d in daemons {
+        if let Some(text) = scrape_metrics(d.http_addr).await {
+            all.merge(&DecisionHistogram::parse(&text, Api::Grpc));
+        }
+    }
+    all
+}
+
+/// `GET /metrics` of a node over HTTP/1.1, as Prometheus reads it; `None` on any failure.
+async fn scrape_metrics(addr: Option<std::net::SocketAddr>) -> Option<String> {
+    use http_body_util::{BodyExt as _, Empty};
+    let addr = addr?;
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+        // Drives the connection; ends once the answer is read and the sender dropped.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let request = http::Request::get("/metrics")
+            .header(http::header::HOST, addr.to_string())
+            .body(Empty::<bytes::Bytes>::new())
+            .ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        if response.status() != http::StatusCode::OK {
+            return None;
+        }
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        String::from_utf8(body.to_vec()).ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
 }

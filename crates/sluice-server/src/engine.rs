@@ -704,12 +704,12 @@ impl Engine {
     ) -> DescriptorStatus {
         match rule {
             Matched::Nothing => DescriptorStatus::NO_LIMIT,
-            Matched::Override(l) => self.limited(now, domain, d, l, cost, mode),
+            Matched::Override(l) => self.limited(now, domain, "", d, l, cost, mode),
             Matched::Rule(rule) => match &rule.policy {
                 Policy::Unlimited => DescriptorStatus::UNLIMITED,
                 Policy::Limited(l) => {
-                    let mut s =
-                        decided.unwrap_or_else(|| self.limited(now, domain, d, l, cost, mode));
+                    let mut s = decided
+                        .unwrap_or_else(|| self.limited(now, domain, &rule.path, d, l, cost, mode));
                     let outcome = match (s.code, rule.shadow_mode) {
                         (Code::Ok, _) => Outcome::Within,
                         (Code::OverLimit, false) => Outcome::Over,
@@ -730,10 +730,13 @@ impl Engine {
         }
     }
 
+    /// `path`: the rule's descriptor path, naming the key's share for operators.
+    #[allow(clippy::too_many_arguments)]
     fn limited(
         &self,
         now: Nanos,
         domain: &str,
+        path: &str,
         d: &Descriptor,
         rule: &Limited,
         cost: u64,
@@ -759,8 +762,9 @@ impl Engine {
                 let (count, period) = (limit.count(), limit.period());
                 let units = match (mode, windowed) {
                     // Refused hits count too: the cluster divides by demand, not throughput.
-                    (Mode::Check, false) => shares.on_hit(key, count, period, cost),
-                    (Mode::Check, true) => shares.on_hit_windowed(key, count, period, cost),
+                    (Mode::Check, _) => {
+                        shares.on_rule_hit(key, (domain, path), count, period, cost, windowed)
+                    }
                     (Mode::Peek, false) => shares.units(key),
                     (Mode::Peek, true) => shares.units_windowed(key),
                 };

@@ -21,14 +21,17 @@
 //! | `sluice_engine_keys` | gauge | |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
-//! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key` |
+//! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_link_records` | gauge | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
-//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`) |
+//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
+//! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
 //!
 //! The shares are this node's part of each key's global limit: they add up to at most 1
 //! across the cluster (seed 003 §IV conservation), which is what a dashboard summing
-//! `sluice_cluster_share` by `key` over all nodes shows.
+//! `sluice_cluster_share` by `key` over all nodes shows. `domain` and `rule` name the rule a
+//! key falls under as the `sluice_rule_*` series do (`rule` is the descriptor path); both are
+//! empty for a key this node has only heard of from its peers.
 
 use std::fmt;
 use std::sync::Arc;
@@ -134,6 +137,8 @@ pub struct Metrics {
     registry: Registry,
     latency: [Histogram; 4],
     requests: [[Counter; 3]; 4],
+    /// Configuration reloads: applied, refused.
+    reloads: [Counter; 2],
 }
 
 impl fmt::Debug for Metrics {
@@ -174,12 +179,28 @@ impl Metrics {
             requests_family,
         );
 
+        let reloads_family = Family::<Labels, Counter>::default();
+        let reloads =
+            ["ok", "refused"].map(|r| reloads_family.get_or_create_owned(&[("result", r)]));
+        registry.register(
+            "sluice_config_reloads",
+            "Changed configuration files seen by the watcher, by result (refused: invalid, the \
+             configuration in force stayed)",
+            reloads_family,
+        );
+
         registry.register_collector(Box::new(Scraped { engine, cluster }));
         Self {
             registry,
             latency,
             requests,
+            reloads,
         }
+    }
+
+    /// Records one reload of changed configuration files: applied (`ok`) or refused.
+    pub fn record_reload(&self, ok: bool) {
+        self.reloads[usize::from(!ok)].inc();
     }
 
     /// Records one request through `api`: how it was answered and, when the engine decided
@@ -204,6 +225,104 @@ impl Metrics {
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `sluice_decision_duration_seconds` histogram of one API read back from an exposition
+/// ([`Metrics::encode`], a node's `/metrics`): what `sluice demo` reports as the decision
+/// latency, the time inside the server, without the transport.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecisionHistogram {
+    /// `(upper bound in seconds, cumulative count)`, ascending; the last bound is +∞.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl DecisionHistogram {
+    /// The histogram of `api` in `exposition` (empty if it has none).
+    #[must_use]
+    pub fn parse(exposition: &str, api: Api) -> Self {
+        let want = format!("api=\"{}\"", api.name());
+        let mut buckets: Vec<(f64, u64)> = exposition
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("sluice_decision_duration_seconds_bucket{")?;
+                let (labels, value) = rest.split_once('}')?;
+                if !labels.split(',').any(|l| l == want) {
+                    return None;
+                }
+                let le = labels.split(',').find_map(|l| l.strip_prefix("le=\""))?;
+                let le = le.strip_suffix('"')?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                let count: f64 = value.split_whitespace().next()?.parse().ok()?;
+                // Counts are whole numbers, written as such.
+                Some((le, count as u64))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Self { buckets }
+    }
+
+    /// Adds `other`'s counts (another node's histogram of the same bounds).
+    pub fn merge(&mut self, other: &Self) {
+        if self.buckets.is_empty() {
+            self.buckets.clone_from(&other.buckets);
+            return;
+        }
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            mine.1 += theirs.1;
+        }
+    }
+
+    /// What was observed after `earlier` (an earlier read of the same histogram).
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, &(le, c))| {
+                (
+                    le,
+                    c.saturating_sub(earlier.buckets.get(i).map_or(0, |b| b.1)),
+                )
+            })
+            .collect();
+        Self { buckets }
+    }
+
+    /// Observations.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.buckets.last().map_or(0, |b| b.1)
+    }
+
+    /// The `q`-quantile in seconds, interpolated linearly within its bucket as Prometheus'
+    /// `histogram_quantile` does: the buckets double, so it is right to within a factor of
+    /// 2. `None` without observations.
+    #[must_use]
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let (mut below, mut below_count) = (0.0, 0u64);
+        for &(le, c) in &self.buckets {
+            if c as f64 >= rank && c > below_count {
+                if le.is_infinite() {
+                    // Above the last bound: its value is unknown, the bound is what is known.
+                    return Some(below);
+                }
+                let within = (rank - below_count as f64) / (c - below_count) as f64;
+                return Some(below + (le - below) * within.clamp(0.0, 1.0));
+            }
+            (below, below_count) = (le, c);
+        }
+        Some(below)
+    }
+}
 
 /// The series computed at scrape time.
 #[derive(Debug)]
@@ -426,7 +545,11 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         let g = ConstGauge::new(0.0f64);
         let mut m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
         for k in &s.keys {
-            let labels = [("key", k.key.as_str())];
+            let labels = [
+                ("key", k.key.as_str()),
+                ("domain", k.domain.as_deref().unwrap_or("")),
+                ("rule", k.rule.as_deref().unwrap_or("")),
+            ];
             ConstGauge::new(value(k)).encode(m.encode_family(&labels)?)?;
         }
     }
@@ -545,4 +668,55 @@ fn encode_token(encoder: &mut DescriptorEncoder<'_>, engine: &Engine) -> fmt::Re
         "Decisions of token-server rules made locally with this node's share (fallback)",
         n(t.decisions_local),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn decision_latency_reads_back_from_the_exposition() {
+        let engine = Arc::new(Engine::new(crate::Config::example()));
+        let m = Metrics::new(engine, None);
+        // 90 decisions at 300 ns (bucket 250–500 ns), 10 at 3 µs (bucket 2–4 µs).
+        for _ in 0..90 {
+            m.record(Api::Grpc, Answer::Ok, Some(Duration::from_nanos(300)));
+        }
+        for _ in 0..10 {
+            m.record(Api::Grpc, Answer::Ok, Some(Duration::from_micros(3)));
+        }
+        m.record(Api::Json, Answer::Ok, Some(Duration::from_secs(1)));
+        let h = DecisionHistogram::parse(&m.encode().unwrap(), Api::Grpc);
+        assert_eq!(h.count(), 100);
+        let p50 = h.quantile(0.5).unwrap();
+        assert!((250e-9..=500e-9).contains(&p50), "{p50}");
+        let p99 = h.quantile(0.99).unwrap();
+        assert!((2e-6..=4e-6).contains(&p99), "{p99}");
+        // Two nodes, and what happened since an earlier read.
+        let mut both = h.clone();
+        both.merge(&h);
+        assert_eq!(both.count(), 200);
+        assert_eq!(both.since(&h), h);
+        assert_eq!(h.since(&h).quantile(0.5), None);
+        assert_eq!(DecisionHistogram::parse("", Api::Grpc).count(), 0);
+    }
+
+    #[test]
+    fn reloads_are_counted_by_result() {
+        let engine = Arc::new(Engine::new(crate::Config::example()));
+        let m = Metrics::new(engine, None);
+        m.record_reload(true);
+        m.record_reload(false);
+        m.record_reload(false);
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("sluice_config_reloads_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_config_reloads_total{result=\"refused\"} 2"),
+            "{text}"
+        );
+    }
 }

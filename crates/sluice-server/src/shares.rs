@@ -49,6 +49,9 @@ pub struct KeyShare {
     period: AtomicU64,
     /// Whether the driver has set `units` (else the node's default applies).
     known: std::sync::atomic::AtomicBool,
+    /// The rule that decided it here first, `(domain, descriptor path)`, for operators
+    /// (`/metrics`, `/v1/cluster`); unset for a key only peers have told this node about.
+    rule: std::sync::OnceLock<(Box<str>, Box<str>)>,
 }
 
 /// The hits of one key since the previous drain, with its rule.
@@ -91,21 +94,54 @@ impl Shares {
     /// Counts `hits` against `key` (a rule of `count` per `period`) and returns the units
     /// this node enforces for it now.
     pub fn on_hit(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
-        self.hit_key(key, count, period, hits, false)
+        self.hit_key(key, None, count, period, hits, false)
     }
 
     /// [`Shares::on_hit`] for a windowed algorithm (fixed window, sliding window, sliding
     /// log): returns the smallest units this node held over the rule's last `period` (see
     /// the module documentation).
     pub fn on_hit_windowed(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
-        self.hit_key(key, count, period, hits, true)
+        self.hit_key(key, None, count, period, hits, true)
     }
 
-    fn hit_key(&self, key: u64, count: u64, period: Nanos, hits: u64, windowed: bool) -> u64 {
+    /// [`Shares::on_hit`] (or, `windowed`, [`Shares::on_hit_windowed`]) by the engine, which
+    /// names the key's rule, `(domain, descriptor path)`, so operators can tell which rule
+    /// a key's share belongs to ([`Shares::rule`]).
+    pub fn on_rule_hit(
+        &self,
+        key: u64,
+        rule: (&str, &str),
+        count: u64,
+        period: Nanos,
+        hits: u64,
+        windowed: bool,
+    ) -> u64 {
+        self.hit_key(key, Some(rule), count, period, hits, windowed)
+    }
+
+    /// The rule that first decided `key` on this node, `(domain, descriptor path)`; `None`
+    /// for a key this node has only heard of from its peers.
+    #[must_use]
+    pub fn rule(&self, key: u64) -> Option<(String, String)> {
+        let shard = self.shard(key).read();
+        let (d, p) = shard.get(&key)?.rule.get()?;
+        Some((d.to_string(), p.to_string()))
+    }
+
+    fn hit_key(
+        &self,
+        key: u64,
+        rule: Option<(&str, &str)>,
+        count: u64,
+        period: Nanos,
+        hits: u64,
+        windowed: bool,
+    ) -> u64 {
         let shard = self.shard(key);
         // Under the read lock, without cloning the `Arc`: a clone per hit would write its
         // reference count, a cache line every deciding core shares.
         if let Some(entry) = shard.read().get(&key) {
+            name(entry, rule);
             return self.hit(entry, count, period, hits, windowed);
         }
         let mut guard = shard.write();
@@ -118,8 +154,10 @@ impl Shares {
                 count: AtomicU64::new(count),
                 period: AtomicU64::new(period),
                 known: std::sync::atomic::AtomicBool::new(false),
+                rule: std::sync::OnceLock::new(),
             })
         });
+        name(entry, rule);
         self.hit(entry, count, period, hits, windowed)
     }
 
@@ -199,6 +237,7 @@ impl Shares {
                 count: AtomicU64::new(0),
                 period: AtomicU64::new(0),
                 known: std::sync::atomic::AtomicBool::new(true),
+                rule: std::sync::OnceLock::new(),
             })
         });
         e.units.store(units, Ordering::Relaxed);
@@ -261,6 +300,16 @@ impl Shares {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Names `e`'s rule the first time one is given (a read of a set cell afterwards: the
+/// name is copied once per key, not per hit).
+fn name(e: &KeyShare, rule: Option<(&str, &str)>) {
+    if let Some((domain, path)) = rule
+        && e.rule.get().is_none()
+    {
+        let _ = e.rule.set((domain.into(), path.into()));
     }
 }
 
@@ -407,5 +456,25 @@ mod tests {
         s.set(2, 5, 0);
         assert_eq!(s.units_windowed(2), 5);
         assert_eq!(s.units_windowed(3), SCALE / 2);
+    }
+
+    #[test]
+    fn a_key_is_named_after_the_first_rule_that_decides_it() {
+        let s = Shares::new(SCALE / 2);
+        // Heard of from a peer first: no rule yet.
+        s.set(1, 7, 0);
+        assert_eq!(s.rule(1), None);
+        s.on_hit(1, 10, 1_000, 1);
+        assert_eq!(s.rule(1), None, "a client lease's demand names nothing");
+        s.on_rule_hit(1, ("api", "tenant"), 10, 1_000, 1, false);
+        s.on_rule_hit(1, ("api", "other"), 10, 1_000, 1, true);
+        assert_eq!(s.rule(1), Some(("api".into(), "tenant".into())));
+        // Decided here first.
+        assert_eq!(
+            s.on_rule_hit(2, ("d", "k_v"), 10, 1_000, 1, false),
+            SCALE / 2
+        );
+        assert_eq!(s.rule(2), Some(("d".into(), "k_v".into())));
+        assert_eq!(s.rule(3), None);
     }
 }

@@ -92,6 +92,11 @@ pub struct MemberStatus {
 pub struct KeyShareStatus {
     /// The cluster key (16 hex digits; a hash of the domain and descriptor).
     pub key: String,
+    /// The domain of the rule the key falls under; `None` while this node has only heard
+    /// of the key from its peers (it has not decided one of its requests yet).
+    pub domain: Option<String>,
+    /// That rule's descriptor path, as `/metrics` names rules (`key_value.key2`).
+    pub rule: Option<String>,
     /// Fraction of the key's global limit this node enforces.
     pub share: f64,
     /// Requests per unit this node enforces.

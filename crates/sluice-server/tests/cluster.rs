@@ -163,6 +163,16 @@ async fn skewed_overload_admits_the_global_limit() {
         shares[0] > shares[1] && shares[1] > shares[2],
         "demand decides the shares: {shares:?}"
     );
+    // Each node names the rule its share belongs to, as the decision metrics do.
+    for n in &nodes {
+        let s = n.cluster.status();
+        let k = &s.keys[0];
+        assert_eq!(
+            (k.domain.as_deref(), k.rule.as_deref()),
+            (Some("api"), Some("tenant")),
+            "{s:?}"
+        );
+    }
     stop(nodes).await;
 }
 
@@ -180,12 +190,35 @@ async fn under_the_limit_nobody_is_throttled() {
     stop(nodes).await;
 }
 
+/// This node's share of every key it holds, and of keys it has no state for.
+fn shares_of(node: &Node) -> (Vec<(String, f64)>, f64) {
+    let s = node.cluster.status();
+    let keys = s.keys.iter().map(|k| (k.key.clone(), k.share)).collect();
+    (keys, s.default_share)
+}
+
 /// A datagram from outside the cluster (wrong key, or a sender that is not a peer) is
-/// counted and never applied; garbage is counted too.
+/// counted and never applied: the node's incarnation and shares stay as they were. Garbage
+/// is counted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_datagrams_are_rejected_and_counted() {
     let nodes = start(2).await;
     let target = nodes[0].cluster.local_addr().unwrap();
+    // A key with state on both nodes, then no demand: the shares settle and stay.
+    let l = LIMIT as f64;
+    load(&nodes, &[0.2 * l, 0.2 * l], 0.5, 0.0).await;
+    let mut settled = shares_of(&nodes[0]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = shares_of(&nodes[0]);
+        if now == settled {
+            break;
+        }
+        assert!(Instant::now() < deadline, "shares never settled: {now:?}");
+        settled = now;
+    }
+    assert_eq!(settled.0.len(), 1, "one key with state: {settled:?}");
     let before = nodes[0].cluster.status();
     let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let wrong = PeerKey::from_text("not-the-cluster-key-at-all-0000").unwrap();
@@ -226,6 +259,7 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
         1
     );
     assert_eq!(after.incarnation, before.incarnation);
+    assert_eq!(shares_of(&nodes[0]), settled, "the shares moved");
     stop(nodes).await;
 }
 

@@ -611,6 +611,8 @@ fn clustered() -> ClusterStatus {
     s.default_share = 1.0 / 3.0;
     s.keys = vec![KeyShareStatus {
         key: "00000000deadbeef".into(),
+        domain: Some("api".into()),
+        rule: Some("tenant".into()),
         share: 0.25,
         limit: 25,
         global_limit: 100,
@@ -660,14 +662,21 @@ async fn health_readiness_and_cluster_status() {
             m.get("sluice_cluster_link", &[("peer", "1"), ("state", "down")]),
             Some(0.0)
         );
+        // This node's share per key, and per rule (named as the decision series name it).
+        let labels = [
+            ("key", "00000000deadbeef"),
+            ("domain", "api"),
+            ("rule", "tenant"),
+        ];
+        assert_eq!(m.get("sluice_cluster_share", &labels), Some(0.25));
         assert_eq!(
-            m.get("sluice_cluster_share", &[("key", "00000000deadbeef")]),
-            Some(0.25)
+            m.sum(
+                "sluice_cluster_share",
+                &[("domain", "api"), ("rule", "tenant")]
+            ),
+            0.25
         );
-        assert_eq!(
-            m.get("sluice_cluster_limit", &[("key", "00000000deadbeef")]),
-            Some(25.0)
-        );
+        assert_eq!(m.get("sluice_cluster_limit", &labels), Some(25.0));
         assert_eq!(
             m.get("sluice_peer_messages_total", &[("direction", "sent")]),
             Some(7.0)

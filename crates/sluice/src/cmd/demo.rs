@@ -101,7 +101,8 @@ fn cluster(args: &Args) -> anyhow::Result<()> {
     for i in 0..report.nodes {
         csv.push_str(&format!(",share_{i},admitted_{i}"));
     }
-    csv.push('\n');
+    // Appended, so the columns before keep their places.
+    csv.push_str(",decision_p50_us,decision_p99_us\n");
     for r in &report.rows {
         csv.push_str(&format!(
             "{},{},{},{},{}",
@@ -114,7 +115,12 @@ fn cluster(args: &Args) -> anyhow::Result<()> {
         for (s, a) in r.shares.iter().zip(&r.node_admitted) {
             csv.push_str(&format!(",{s:.6},{a}"));
         }
-        csv.push('\n');
+        let us = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.3}"));
+        csv.push_str(&format!(
+            ",{},{}\n",
+            us(r.decision_p50_us),
+            us(r.decision_p99_us)
+        ));
     }
     std::fs::write(&csv_path, csv)
         .with_context(|| format!("cannot write {}", csv_path.display()))?;
@@ -164,6 +170,22 @@ fn cluster(args: &Args) -> anyhow::Result<()> {
         "  {:<40} {:>11.0}",
         "decisions per second (all nodes)", report.decisions_per_s
     );
+    match report.decision_latency {
+        Some(d) => {
+            println!(
+                "  {:<40} {:>9.2} µs",
+                "p50 decision latency (in the nodes)", d.p50_us
+            );
+            println!(
+                "  {:<40} {:>9.2} µs",
+                "p99 decision latency (in the nodes)", d.p99_us
+            );
+        }
+        None => println!(
+            "  {:<40} {:>11}",
+            "decision latency (in the nodes)", "unknown"
+        ),
+    }
     println!(
         "  {:<40} {:>9.0} µs",
         "p50 latency (gRPC round trip)", report.latency.p50_us
