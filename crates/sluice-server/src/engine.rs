@@ -543,10 +543,12 @@ impl Engine {
     }
 
     /// Decides `request` at `now` as [`Engine::should_rate_limit`] does, except that
-    /// `coordination: redis` rules are decided by the attached Redis ([`Engine::attach_redis`]).
-    /// Each Redis call is bounded by the Redis timeout; once one times out the engine is in
-    /// fallback and decides those rules locally at once (with one probe per 100 ms), so a
-    /// request waits at most about one timeout whatever its descriptors. Without Redis it is
+    /// `coordination: redis` rules are decided by the attached Redis ([`Engine::attach_redis`])
+    /// and `coordination: token-server` rules through the attached token client
+    /// ([`Engine::attach_token_server`]). Each call is bounded by its center's timeout; once
+    /// one times out that center is in fallback and its rules decide locally at once (with
+    /// one probe per 100 ms), and the two centers are asked concurrently, so a request waits
+    /// at most about one timeout whatever its descriptors. Without either it is
     /// [`Engine::should_rate_limit`].
     ///
     /// # Errors
@@ -564,34 +566,21 @@ impl Engine {
         let Some(rules) = self.plan(&loaded, request)? else {
             return Ok(no_domain(request));
         };
+        // Redis and the token server are asked at once, so a request with descriptors of
+        // both waits for one timeout, not two.
+        let (by_redis, by_token) = tokio::join!(
+            self.centrally(Coordination::Redis, now, request, &rules),
+            self.centrally(Coordination::TokenServer, now, request, &rules),
+        );
+        let mut decided: Vec<Option<DescriptorStatus>> = vec![None; rules.len()];
+        for (i, status) in by_redis.into_iter().chain(by_token) {
+            if let Some(slot) = decided.get_mut(i) {
+                *slot = Some(status);
+            }
+        }
         let mut statuses = Vec::with_capacity(rules.len());
-        // In request order, one after the other: two equal descriptors of one request see
-        // each other's hits, as in the synchronous path.
-        for (d, rule) in request.descriptors.iter().zip(&rules) {
+        for ((d, rule), decided) in request.descriptors.iter().zip(&rules).zip(decided) {
             let cost = cost_of(request, d);
-            let remote = match rule {
-                Matched::Rule(r) => match &r.policy {
-                    Policy::Limited(l) => Some(l),
-                    Policy::Unlimited => None,
-                },
-                _ => None,
-            };
-            let decided = match (remote.map(|l| l.coordination), remote) {
-                (Some(Coordination::Redis), Some(l)) => match central {
-                    Some(central) => Some(
-                        self.redis_limited(central, now, &request.domain, d, l, cost)
-                            .await,
-                    ),
-                    None => None,
-                },
-                (Some(Coordination::TokenServer), Some(l)) => match token {
-                    Some(token) => {
-                        Some(token_limited(token, now, &request.domain, d, l, cost).await)
-                    }
-                    None => None,
-                },
-                _ => None,
-            };
             statuses.push(self.status(
                 &loaded,
                 now,
@@ -604,6 +593,48 @@ impl Engine {
             ));
         }
         Ok(respond(statuses))
+    }
+
+    /// The statuses of the descriptors `center` (Redis or the token server) decides, by
+    /// index; empty when no such center is attached. In request order, one after the other:
+    /// two equal descriptors of one request see each other's hits, as in the synchronous
+    /// path, and once a call times out the center is in fallback and the rest decide at once.
+    async fn centrally(
+        &self,
+        center: Coordination,
+        now: Nanos,
+        request: &Request,
+        rules: &[Matched<'_>],
+    ) -> Vec<(usize, DescriptorStatus)> {
+        let mut out = Vec::new();
+        let (redis, token) = match center {
+            Coordination::Redis => (self.central.get(), None),
+            Coordination::TokenServer => (None, self.token.get()),
+            _ => return out,
+        };
+        if redis.is_none() && token.is_none() {
+            return out;
+        }
+        for (i, (d, rule)) in request.descriptors.iter().zip(rules).enumerate() {
+            let Matched::Rule(r) = rule else { continue };
+            let Policy::Limited(l) = &r.policy else {
+                continue;
+            };
+            if l.coordination != center {
+                continue;
+            }
+            let cost = cost_of(request, d);
+            let status = match (redis, token) {
+                (Some(c), _) => {
+                    self.redis_limited(c, now, &request.domain, d, l, cost)
+                        .await
+                }
+                (_, Some(t)) => token_limited(t, now, &request.domain, d, l, cost).await,
+                (None, None) => continue,
+            };
+            out.push((i, status));
+        }
+        out
     }
 
     /// A `coordination: redis` rule's status, decided by Redis (or its fallback).

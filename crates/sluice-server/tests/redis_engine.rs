@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_server::engine::central::{self, CentralMode, RedisMode};
+use sluice_server::peer::PeerKey;
+use sluice_server::token_server::{ClientSpec, ServerAddr, TokenClient, TokenMode};
 use sluice_server::{Code, Config, Descriptor, Engine, Request};
 use support::RedisServer;
 
@@ -44,6 +46,35 @@ fn engine(url: &str, mode: RedisMode, timeout: Duration, nodes: u64) -> Arc<Engi
 
 fn req(user: &str) -> Request {
     Request::new("d", [Descriptor::new([("user", user)])])
+}
+
+/// `GET /v1/cluster` of `engine`'s HTTP API (served on 127.0.0.1 for this call), as JSON.
+async fn cluster_view(engine: &Arc<Engine>) -> serde_json::Value {
+    use http_body_util::{BodyExt, Empty};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let state = sluice_server::http::HttpState::new(engine.clone(), None);
+    let served = tokio::spawn(sluice_server::http::run(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get("/v1/cluster")
+        .header(http::header::HOST, "localhost")
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    drop(sender);
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+    serde_json::from_slice(&body).unwrap()
 }
 
 /// `tasks` concurrent callers per engine, `each` requests each: admissions in total.
@@ -151,6 +182,13 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
         .unwrap();
     assert!(text.contains("sluice_redis_fallback 1"), "{text}");
     assert!(text.contains("sluice_redis_transitions 1"), "{text}");
+    // And on /v1/cluster, with the share's divisor.
+    let v = cluster_view(&node).await;
+    let redis_view = &v["redis"];
+    assert_eq!(redis_view["mode"], "fallback", "{v}");
+    assert_eq!(redis_view["transitions"], 1, "{v}");
+    assert_eq!(redis_view["nodes"], 2, "{v}");
+    assert!(redis_view["decisions_local"].as_u64().unwrap() > 0, "{v}");
     // Locally, a fresh state with half of the limit: at most 50 admitted after the kill.
     assert!(
         after_kill.0 > 50,
@@ -181,6 +219,65 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
     }
     assert_eq!(ok, 100);
     assert_eq!(node.central_status().unwrap().transitions, 2);
+    let v = cluster_view(&node).await;
+    assert_eq!(v["redis"]["mode"], "central", "{v}");
+    assert_eq!(v["redis"]["transitions"], 2, "{v}");
+}
+
+/// A request with a Redis rule and a token-server rule while both centers are frozen (they
+/// accept connections and never answer): the two are asked at once, so the request waits
+/// one timeout, not one per center; both rules then decide locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_centers_frozen_cost_one_timeout_not_two() {
+    const TIMEOUT: Duration = Duration::from_millis(500);
+    // The timeout plus slack for a loaded machine, and less than two timeouts.
+    const BOUND: Duration = Duration::from_millis(500 + 400);
+    const BOTH: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 100, algorithm: sliding-log, coordination: redis }
+  - key: team
+    rate_limit: { unit: second, requests_per_unit: 100, coordination: token-server }
+";
+    // Never accepted: connections complete in the kernel's backlog and hear nothing back.
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = frozen.local_addr().unwrap();
+    let e = Engine::new(Config::from_yaml("rules.yaml", BOTH).unwrap());
+    let redis = central::connect(&format!("redis://{addr}/"), RedisMode::Exact, TIMEOUT, 2);
+    assert!(e.attach_redis(redis.unwrap()));
+    let mut spec = ClientSpec::new(
+        vec![ServerAddr {
+            id: 0,
+            authority: addr.to_string(),
+        }],
+        1,
+        PeerKey::from_text("redis-engine-test-key-0123456789").unwrap(),
+        2,
+    );
+    spec.timeout = TIMEOUT;
+    assert!(e.attach_token_server(TokenClient::new(spec)));
+    let r = Request::new(
+        "d",
+        [
+            Descriptor::new([("user", "u")]),
+            Descriptor::new([("team", "t")]),
+        ],
+    );
+    let start = Instant::now();
+    let resp = e.should_rate_limit_async(now(), &r).await.unwrap();
+    let took = start.elapsed();
+    // Both centers were asked and did not answer (a refused connection would be at once).
+    assert!(took >= TIMEOUT, "{took:?}");
+    assert!(
+        took <= BOUND,
+        "a request waited {took:?}, timeout {TIMEOUT:?}"
+    );
+    assert_eq!(resp.overall_code, Code::Ok, "{resp:?}");
+    assert_eq!(resp.statuses.len(), 2);
+    assert_eq!(e.central_status().unwrap().mode, CentralMode::Fallback);
+    assert_eq!(e.token_status().unwrap().mode, TokenMode::Fallback);
+    drop(frozen);
 }
 
 #[test]
