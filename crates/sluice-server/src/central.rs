@@ -1,7 +1,7 @@
 //! `coordination: redis`: the rules every node decides through one Redis (seed 002 §4.3,
 //! "Redis-based throttling"), exactly (one atomic script call per decision) or in batches
-//! (seed 002 §4.4(5)), and locally with the node's share of the limit while Redis does not
-//! answer (seed 002 §4.4(4)). The scripts, the batches and the fallback are `sluice-redis`;
+//! (seed 002 §4.4(5)), and locally while Redis does not answer (seed 002 §4.4(4)): from
+//! the node's batch while it is valid, then with the node's share of the limit. The scripts, the batches and the fallback are `sluice-redis`;
 //! this module gives the engine one [`Central`] to call and reports its state for
 //! `/metrics` and `/v1/cluster` ([`CentralStatus`]).
 //!
@@ -158,9 +158,10 @@ impl fmt::Debug for Central {
 /// Sets up Redis at `url` for the `coordination: redis` rules: `redis://HOST:PORT[/DB]`
 /// (`rediss://` for TLS is not built in), or several such URLs separated by commas for a Redis
 /// Cluster (its nodes, or some of them). `timeout` bounds every call, connecting included:
-/// past it the request is decided locally with `1/nodes_hint` of the limit (the number of
-/// nodes sharing the Redis; 1 or 0 means the whole limit) and the engine stays in fallback,
-/// trying Redis with one request per 100 ms, until Redis answers.
+/// past it the request is decided locally — in batched mode from the key's batch while it is
+/// valid, then — with `1/nodes_hint` of the limit (the number of nodes sharing the Redis,
+/// `--redis-nodes`; 1 or 0 means the whole limit) and the engine stays in fallback, trying
+/// Redis with one request per 100 ms, until Redis itself answers.
 ///
 /// Scripts read Redis' own clock (in µs), so the nodes' clocks need not agree.
 ///
