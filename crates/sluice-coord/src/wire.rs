@@ -12,8 +12,9 @@ pub type Key = u64;
 /// 2: settlement replies name the replier's incarnation. 3: ledger neighbours, verdict
 /// versions, `in_estate`. 4: late folds and their acknowledgements. 5: ward handovers and
 /// their acknowledgements (header flag bit 5; absent, they cost nothing). 6: the census of a
-/// restarted cluster (header flag bit 6, idem).
-const VERSION: u8 = 6;
+/// restarted cluster (header flag bit 6, idem). 7: the census claims a level (hops known
+/// pristine) instead of a view digest, so it works on any connected graph.
+const VERSION: u8 = 7;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
