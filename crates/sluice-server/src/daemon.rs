@@ -139,6 +139,12 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError`]: nothing is left running then.
     pub async fn start_with(spec: DaemonSpec, extras: Extras) -> Result<Self, DaemonError> {
+        // Taken before the files are read, so the watcher sees a change made meanwhile (taken
+        // in its task, one made before the task first ran was lost).
+        let files = match (spec.watch, &spec.source) {
+            (Some(_), ConfigSource::Path(path)) => fingerprint(path),
+            _ => Vec::new(),
+        };
         let config = spec.source.load()?;
         let leases = Arc::new(crate::lease::Leases::new(extras.leases)?);
         let engine = Arc::new(Engine::new(config));
@@ -252,7 +258,7 @@ impl Daemon {
             let (engine, path, done) = (engine.clone(), path.clone(), stopped());
             let metrics = metrics.clone();
             tasks.push(tokio::spawn(watch_config(
-                engine, path, every, metrics, done,
+                engine, path, files, every, metrics, done,
             )));
         }
         Ok(Self {
@@ -310,16 +316,17 @@ fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 
 /// Reloads the configuration when its files change (polling: portable, no watcher to lose
 /// events on editors' rename-into-place). A bad file is logged with file, line and reason,
-/// and the configuration in force stays; both outcomes are counted in `metrics`.
+/// and the configuration in force stays; both outcomes are counted in `metrics`. `seen`: the
+/// fingerprint of the files in force.
 async fn watch_config(
     engine: Arc<Engine>,
     path: PathBuf,
+    mut seen: Vec<(PathBuf, Option<SystemTime>, u64)>,
     every: Duration,
     metrics: Arc<crate::metrics::Metrics>,
     done: impl std::future::Future<Output = ()>,
 ) {
     let source = ConfigSource::Path(path.clone());
-    let mut seen = fingerprint(&path);
     let mut tick = tokio::time::interval(every);
     tokio::pin!(done);
     loop {

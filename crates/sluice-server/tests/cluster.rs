@@ -197,6 +197,18 @@ fn shares_of(node: &Node) -> (Vec<(String, f64)>, f64) {
     (keys, s.default_share)
 }
 
+/// Whether two readings of [`shares_of`] name the same keys and default, each share within
+/// `units` capacity units (of 2²⁰ per limit) of the other.
+fn within(a: &(Vec<(String, f64)>, f64), b: &(Vec<(String, f64)>, f64), units: u32) -> bool {
+    let tolerance = f64::from(units) / f64::from(1u32 << 20);
+    a.1 == b.1
+        && a.0.len() == b.0.len()
+        && a.0
+            .iter()
+            .zip(&b.0)
+            .all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() <= tolerance)
+}
+
 /// A datagram from outside the cluster (wrong key, or a sender that is not a peer) is
 /// counted and never applied: the node's incarnation and shares stay as they were. Garbage
 /// is counted too.
@@ -212,7 +224,9 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let now = shares_of(&nodes[0]);
-        if now == settled {
+        let close = within(&now, &settled, 1);
+        if close {
+            settled = now;
             break;
         }
         assert!(Instant::now() < deadline, "shares never settled: {now:?}");
@@ -259,7 +273,11 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
         1
     );
     assert_eq!(after.incarnation, before.incarnation);
-    assert_eq!(shares_of(&nodes[0]), settled, "the shares moved");
+    // Unchanged but for the last capacity unit (2⁻²⁰ of the limit), which the settled
+    // shares still trade back and forth.
+    let now = shares_of(&nodes[0]);
+    let same = within(&now, &settled, 2);
+    assert!(same, "the shares moved: {settled:?} → {now:?}");
     stop(nodes).await;
 }
 
