@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use governor::clock::{Clock as _, QuantaClock, QuantaInstant, Reference as _};
+use governor::middleware::StateInformationMiddleware;
 use governor::{Quota, RateLimiter};
 use sluice_limits::token_bucket::TokenBucketLimit;
 use sluice_limits::{Algorithm, AtomicGcra, Gcra, GcraLimit, KeyedGcra, Limit, Nanos, TokenBucket};
@@ -108,6 +109,8 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
     let tb_limit = TokenBucketLimit::new(&limit);
     let mut tb2 = TokenBucket.new_state(&limit, 0);
     let gov = RateLimiter::direct_with_clock(governor_fast(), clock.clock.clone());
+    let gov_info = RateLimiter::direct_with_clock(governor_fast(), clock.clock.clone())
+        .with_middleware::<StateInformationMiddleware>();
     vec![
         (
             "floor_clock_plus_cas",
@@ -184,6 +187,16 @@ fn single_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
                 })
             }),
         ),
+        (
+            // Governor's way to answer `RateLimit-Remaining`: its state-information
+            // middleware, read as a caller building headers reads it.
+            "governor_direct_remaining",
+            Box::new(move |n| {
+                timed(n, || {
+                    let _ = black_box(gov_info.check().map(|s| s.remaining_burst_capacity()));
+                })
+            }),
+        ),
     ]
 }
 
@@ -193,6 +206,8 @@ fn hot_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
     let key = AtomicGcra::new();
     let key2 = AtomicGcra::new();
     let gov = RateLimiter::direct_with_clock(governor_fast(), clock.clock.clone());
+    let gov_info = RateLimiter::direct_with_clock(governor_fast(), clock.clock.clone())
+        .with_middleware::<StateInformationMiddleware>();
     vec![
         (
             "floor_clock_plus_cas",
@@ -240,6 +255,16 @@ fn hot_key_cases(clock: &SameClock) -> Vec<(&'static str, Case<'_>)> {
                 two_threads(n, |_, n| {
                     for _ in 0..n {
                         let _ = black_box(gov.check());
+                    }
+                })
+            }),
+        ),
+        (
+            "governor_direct_remaining",
+            Box::new(move |n| {
+                two_threads(n, |_, n| {
+                    for _ in 0..n {
+                        let _ = black_box(gov_info.check().map(|s| s.remaining_burst_capacity()));
                     }
                 })
             }),
@@ -406,6 +431,8 @@ fn paired_report(clock: &SameClock) {
             index(&c, "sluice_gcra_plain"),
         );
         paired("single_key_1_thread", &mut c, ours, gov, 30_000);
+        let gov_info = index(&c, "governor_direct_remaining");
+        paired("single_key_1_thread", &mut c, ours, gov_info, 30_000);
         paired("single_key_1_thread", &mut c, ours, floor, 30_000);
         let lean = index(&c, "sluice_atomic_gcra_allowed_only");
         paired("single_key_1_thread", &mut c, lean, gov, 30_000);
@@ -421,6 +448,8 @@ fn paired_report(clock: &SameClock) {
             index(&c, "floor_clock_plus_cas"),
         );
         paired("one_hot_key_2_threads", &mut c, ours, gov, 30_000);
+        let gov_info = index(&c, "governor_direct_remaining");
+        paired("one_hot_key_2_threads", &mut c, ours, gov_info, 30_000);
         paired("one_hot_key_2_threads", &mut c, ours, floor, 30_000);
         let lean = index(&c, "sluice_atomic_gcra_allowed_only");
         paired("one_hot_key_2_threads", &mut c, lean, gov, 30_000);
