@@ -84,6 +84,87 @@ fn gossip_learning_token_accounts_are_much_faster() {
     );
 }
 
+/// Seed 004 §4.2, Fig. 2 (bottom row): chaotic power iteration (Alg. 3) converges under
+/// every pacing, and at equal message count "we can also improve chaotic iteration
+/// significantly with most parameter combinations". The gain is small against run-to-run
+/// noise (docs/REPRODUCTION.md), so, as the paper does, this averages runs: 12 seeds at
+/// N = 500 over the paper's 1,000 periods. The assertions hold on each of eight disjoint
+/// groups of 12 seeds tried (1–96); that A = C = 10 is the single best setting does not (it
+/// is in some groups and not in others), so it is not asserted.
+#[test]
+fn power_iteration_converges_and_most_token_accounts_beat_proactive() {
+    const N: usize = 500;
+    const P: u64 = 1000;
+    let strategies = [
+        Strategy::Proactive,
+        Strategy::simple(10),
+        Strategy::generalized(10, 10).unwrap(),
+        Strategy::generalized(10, 20).unwrap(),
+        Strategy::randomized(5, 10).unwrap(),
+        Strategy::randomized(10, 20).unwrap(),
+    ];
+    let seeds = 1..=12u64;
+    let configs: Vec<Config> = seeds
+        .clone()
+        .flat_map(|seed| {
+            strategies
+                .iter()
+                .map(move |&s| Config::new(App::PowerIteration, s, N, P, seed))
+        })
+        .collect();
+    let out = run_batch(&configs, 2, &|_, _| {}, &|_, _, _| {}).unwrap();
+    let runs = seeds.count() as f64;
+    // Per strategy: mean angle curve over the seeds, and mean log(final / proactive final).
+    let mut curves: Vec<Vec<f64>> = vec![Vec::new(); strategies.len()];
+    let mut log_ratio = vec![0.0; strategies.len()];
+    for per_seed in out.chunks(strategies.len()) {
+        let proactive = per_seed[0].metric;
+        for (i, o) in per_seed.iter().enumerate() {
+            // Alg. 3 converges whatever the pacing: from ≈ 0.25 rad after 2.5 periods to a
+            // few hundredths, at most one message per node per period.
+            let first = o.series[0].1;
+            assert!(
+                o.metric < first / 4.0 && o.metric < 0.1,
+                "seed {} {}: angle {first} -> {}",
+                o.seed,
+                o.strategy,
+                o.metric
+            );
+            let c = f64::from(o.c.unwrap_or(0));
+            assert!(
+                o.messages_per_node_period <= 1.0
+                    && o.messages_per_node_period >= 1.0 - (c + 1.0) / P as f64,
+                "{}: {} messages per node per period",
+                o.strategy,
+                o.messages_per_node_period
+            );
+            log_ratio[i] += (o.metric / proactive).ln() / runs;
+            curves[i].resize(o.series.len(), 0.0);
+            for (m, p) in curves[i].iter_mut().zip(&o.series) {
+                *m += p.1 / runs;
+            }
+        }
+    }
+    // The averaged token-account runs end closer to the eigenvector than the averaged
+    // proactive one ...
+    let pooled = (log_ratio[1..].iter().sum::<f64>() / (strategies.len() - 1) as f64).exp();
+    assert!(
+        pooled < 1.0,
+        "final angle, token accounts / proactive: {pooled}"
+    );
+    // ... and most settings reach proactive's final (mean) angle before the end.
+    let target = curves[0].last().copied().unwrap();
+    let sooner: Vec<bool> = curves[1..]
+        .iter()
+        .map(|c| c[..c.len() - 1].iter().any(|&v| v <= target))
+        .collect();
+    assert!(
+        sooner.iter().filter(|&&b| b).count() * 2 > sooner.len(),
+        "settings reaching proactive's final angle {target} early: {sooner:?}; ratios {:?}",
+        log_ratio.iter().map(|l| l.exp()).collect::<Vec<_>>()
+    );
+}
+
 /// Seed 004 §4.3 eq. 10: the randomized account's average balance solves
 /// `u·a/A + (a − A + 1)/(C − A + 1) = 1`; with the measured fraction u of useful messages
 /// within 10%, and within 20% of the paper's closed form `A·C/(C + 1)` (u = 1; gossip
