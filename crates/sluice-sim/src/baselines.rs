@@ -534,8 +534,8 @@ pub fn total_demand(w: Workload, n: usize, limit: u64, cycles: u64, seed: u64) -
 }
 
 impl Table {
-    /// Writes `baselines.csv` (the rows) and one `over-throttling-<loss>.svg` bar-like chart
-    /// per loss (over-throttling per strategy and workload) to `dir`.
+    /// Writes `baselines.csv` (the rows) and one `error-loss-<loss>.svg` chart per loss
+    /// (over-throttling + overshoot per strategy and workload) to `dir`.
     ///
     /// # Errors
     /// [`ClusterError::Invalid`] naming the I/O problem.
@@ -547,8 +547,10 @@ impl Table {
             w.serialize(r).map_err(|e| io(&e))?;
         }
         w.flush().map_err(|e| io(&e))?;
+        // Rows are workload-major: the same losses repeat for every workload.
         let mut losses: Vec<f64> = self.rows.iter().map(|r| r.loss).collect();
-        losses.dedup();
+        losses.sort_by(f64::total_cmp);
+        losses.dedup_by(|a, b| a.to_bits() == b.to_bits());
         let mut workloads: Vec<Workload> = Vec::new();
         for r in &self.rows {
             if !workloads.contains(&r.workload) {

@@ -163,7 +163,7 @@ fn analysis(topo: &Topology, gamma: f64) -> Result<Analysis, ClusterError> {
     Ok(Analysis::new(topo, Some(gamma), &Noise::Iid { sigma })?)
 }
 
-/// Runs the experiment; `progress(done, total)` counts runs.
+/// Runs the experiment; `progress(done, total)` counts cycles over all ten runs.
 ///
 /// # Errors
 /// [`ClusterError`] for a bad parameter.
@@ -172,7 +172,7 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(u64, u64)) -> Result<Example2, C
     let mut traces = Vec::new();
     let mut demand = Vec::new();
     let mut gamma_opt = [0.0; 2];
-    let total = 10;
+    let total = 10 * p.cycles;
     let mut done = 0;
     for (g, name) in [(false, "graph1"), (true, "graph2")] {
         let topo = graph(g)?;
@@ -194,7 +194,7 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(u64, u64)) -> Result<Example2, C
             s.seed = p.seed;
             s.limit = Some(p.limit);
             s.gain = gain;
-            let out: Outcome = run_on(&s, &topo, &mut |_, _| {})?;
+            let out: Outcome = run_on(&s, &topo, &mut |k, _| progress(done + k, total))?;
             let r = &out.report;
             let a = analysis(&topo, r.gamma)?;
             let at_small = label == "0.02";
@@ -220,8 +220,7 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(u64, u64)) -> Result<Example2, C
                 run: format!("{name}/{}/{label}", strategy.name()),
                 accepted: out.trace.iter().map(|c| c.accepted).collect(),
             });
-            done += 1;
-            progress(done, total);
+            done += p.cycles;
         }
     }
     Ok(Example2 {
@@ -233,7 +232,38 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(u64, u64)) -> Result<Example2, C
     })
 }
 
+/// What `sluice sim dst-example2 --json` prints. The keys are in alphabetical order, the
+/// order the command has always printed them in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary<'a> {
+    /// Cycles per run.
+    pub cycles: u64,
+    /// γ* of graph #1 and graph #2.
+    pub gamma_opt: [f64; 2],
+    /// `L` per cycle.
+    pub limit: u64,
+    /// Where the CSV and SVG files were written.
+    pub out: &'a Path,
+    /// Every run.
+    pub runs: &'a [Row],
+    /// Seed.
+    pub seed: u64,
+}
+
 impl Example2 {
+    /// The JSON summary, naming `out` as the output directory.
+    #[must_use]
+    pub fn summary<'a>(&'a self, out: &'a Path) -> Summary<'a> {
+        Summary {
+            cycles: self.params.cycles,
+            gamma_opt: self.gamma_opt,
+            limit: self.params.limit,
+            out,
+            runs: &self.rows,
+            seed: self.params.seed,
+        }
+    }
+
     /// The row of `graph`, `strategy`, `gamma_label`.
     #[must_use]
     pub fn row(&self, graph: &str, strategy: &str, gamma_label: &str) -> Option<&Row> {
@@ -325,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn tree_with_added_links_over_throttles_less_and_runs_are_deterministic() {
+    fn tree_with_added_links_over_throttles_less() {
         // Seed 000 §6: graph #2 (denser) over-throttles less than graph #1 at γ = 0.02, for
         // the published law and for Sluice; both beat the static split. Small size.
         let p = Params {
@@ -353,17 +383,52 @@ mod tests {
                     <= 0.0
             );
         }
-        let b = run(&p, &mut |_, _| {}).unwrap();
-        assert_eq!(a, b, "same parameters, same result");
-        let ja = serde_json::to_string(&a.rows).unwrap();
-        let c = run(
-            &Params {
-                seed: 4,
-                ..p.clone()
-            },
-            &mut |_, _| {},
-        )
-        .unwrap();
-        assert_ne!(ja, serde_json::to_string(&c.rows).unwrap());
+    }
+
+    /// Writes a run's files and its JSON summary to a fresh directory; returns every file's
+    /// name and bytes, sorted by name.
+    fn outputs(p: &Params, dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let _ = std::fs::remove_dir_all(dir);
+        let out = run(p, &mut |_, _| {}).unwrap();
+        out.write(dir).unwrap();
+        // The JSON names the directory; both runs name the same one, so it compares equal.
+        let json = serde_json::to_string(&out.summary(Path::new("results/dst-example2")));
+        std::fs::write(dir.join("summary.json"), json.unwrap()).unwrap();
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn same_seed_same_bytes_other_seed_other_curve() {
+        let p = Params {
+            cycles: 120,
+            seed: 3,
+            limit: 10_000,
+        };
+        let base = std::env::temp_dir().join(format!("sluice-dst-example2-{}", std::process::id()));
+        let a = outputs(&p, &base.join("a"));
+        let b = outputs(&p, &base.join("b"));
+        let names: Vec<&str> = a.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            names,
+            ["accepted.svg", "summary.csv", "summary.json", "trace.csv"]
+        );
+        assert_eq!(a, b, "same seed, same bytes");
+        // The usage curve is random: another seed changes every file. (The graphs, γ* and
+        // Ψ are not: they are the paper's.)
+        let c = outputs(&Params { seed: 4, ..p }, &base.join("c"));
+        let _ = std::fs::remove_dir_all(&base);
+        for (x, y) in a.iter().zip(&c) {
+            assert_eq!(x.0, y.0);
+            assert_ne!(x.1, y.1, "{} did not change with the seed", x.0);
+        }
     }
 }

@@ -83,20 +83,55 @@ fn skewed_overload_orders_the_designs() {
     assert_eq!(r(0.0, Baseline::Doorman).overshoot_pct, 0.0);
 }
 
-#[test]
-fn same_seed_same_table() {
-    let a = table(vec![Workload::Shift, Workload::PaperEx2], vec![0.1], 120);
-    let b = table(vec![Workload::Shift, Workload::PaperEx2], vec![0.1], 120);
-    assert_eq!(
-        serde_json::to_string(&a).unwrap(),
-        serde_json::to_string(&b).unwrap()
-    );
-    let dir = std::env::temp_dir().join(format!("sluice-baselines-{}", std::process::id()));
-    a.write(&dir).unwrap();
-    let first = std::fs::read(dir.join("baselines.csv")).unwrap();
-    b.write(&dir).unwrap();
-    assert_eq!(first, std::fs::read(dir.join("baselines.csv")).unwrap());
+/// Writes the table's files and its JSON to a fresh `dir`; every file's name and bytes.
+fn outputs(t: &Table, dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     let _ = std::fs::remove_dir_all(dir);
+    t.write(dir).unwrap();
+    std::fs::write(dir.join("table.json"), serde_json::to_string(t).unwrap()).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn same_seed_same_files_other_seed_other_files() {
+    let setup = |seed| {
+        let mut s = Setup::new("ring:6".parse().unwrap());
+        s.workloads = vec![Workload::Shift, Workload::PaperEx2];
+        s.losses = vec![0.0, 0.1];
+        s.cycles = 120;
+        s.seed = seed;
+        s
+    };
+    let base = std::env::temp_dir().join(format!("sluice-baselines-{}", std::process::id()));
+    let a = outputs(&run(&setup(1), &mut |_, _| {}).unwrap(), &base.join("a"));
+    let b = outputs(&run(&setup(1), &mut |_, _| {}).unwrap(), &base.join("b"));
+    let names: Vec<&str> = a.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "baselines.csv",
+            "error-loss-0.1.svg",
+            "error-loss-0.svg",
+            "table.json"
+        ]
+    );
+    assert_eq!(a, b, "same seed, same bytes");
+    // The workload's curves and the network's losses are random: another seed moves every
+    // number, so every file changes.
+    let c = outputs(&run(&setup(2), &mut |_, _| {}).unwrap(), &base.join("c"));
+    let _ = std::fs::remove_dir_all(&base);
+    for (x, y) in a.iter().zip(&c) {
+        assert_eq!(x.0, y.0);
+        assert_ne!(x.1, y.1, "{} did not change with the seed", x.0);
+    }
 }
 
 #[test]

@@ -146,6 +146,47 @@ fn same_seed_same_files() {
 }
 
 #[test]
+fn ring_same_seed_same_files_other_seed_other_files() {
+    // gdrl-ring's files (trace.csv, q.svg, jfi.svg, lambda.svg) and its JSON summary, byte
+    // for byte; arrivals and message loss are random, so another seed changes the trace.
+    let mut s = ring(600);
+    s.loss = 0.1;
+    let write = |s: &Setup, dir: &PathBuf| {
+        let out = gdrl::ring(s, &mut |_, _| {}).unwrap();
+        out.trace.write(dir, s.demand, "seed 003 §III-A").unwrap();
+        std::fs::write(
+            dir.join("summary.json"),
+            serde_json::to_string(&out.report).unwrap(),
+        )
+        .unwrap();
+        files(dir)
+    };
+    let (a, b, c) = (tmp("ring-a"), tmp("ring-b"), tmp("ring-c"));
+    let (fa, fb) = (write(&s, &a), write(&s, &b));
+    let names: Vec<&str> = fa.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "jfi.svg",
+            "lambda.svg",
+            "q.svg",
+            "summary.json",
+            "trace.csv"
+        ]
+    );
+    assert_eq!(fa, fb);
+    let mut other = s.clone();
+    other.seed = 2;
+    let fc = write(&other, &c);
+    for (x, y) in fa.iter().zip(&fc) {
+        assert_ne!(x.1, y.1, "{} did not change with the seed", x.0);
+    }
+    for dir in [a, b, c] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
 fn bad_parameters_are_errors() {
     let mut s = ring(10);
     s.alpha = 0.0;

@@ -41,15 +41,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     out.write(&dir)
         .with_context(|| format!("writing to {}", dir.display()))?;
     if args.json {
-        let v = serde_json::json!({
-            "cycles": p.cycles,
-            "seed": p.seed,
-            "limit": p.limit,
-            "gamma_opt": out.gamma_opt,
-            "runs": out.rows,
-            "out": dir,
-        });
-        println!("{}", serde_json::to_string(&v)?);
+        println!("{}", serde_json::to_string(&out.summary(&dir))?);
         return Ok(());
     }
     println!(
