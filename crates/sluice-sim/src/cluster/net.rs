@@ -433,3 +433,226 @@ impl Net {
         self.check();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The claim of the module docs, checked: the same scenarios through this network and
+    //! through `sluice_coord::testing::Cluster` give the same nodes after every cycle.
+    #![allow(clippy::unwrap_used)]
+
+    use sluice_coord::pacing::Strategy;
+    use sluice_coord::testing::{Cluster, Step, complete, random_connected, ring};
+
+    use super::*;
+
+    const KEY: Key = 1;
+    const CYCLE: Nanos = 100_000_000;
+
+    /// A scenario: graph, network, pacing, and when node `crash.1` crashes (cycle `crash.0`)
+    /// and restarts (`crash.2`), and which nodes are cut off over `[cut.0, cut.1)`.
+    struct Case {
+        name: &'static str,
+        n: u32,
+        edges: Vec<(NodeId, NodeId, f64)>,
+        net: NetConfig,
+        pacing: Option<Strategy>,
+        relay: bool,
+        cycles: u64,
+        seed: u64,
+        crash: Option<(u64, NodeId, u64)>,
+        cut: Option<(u64, u64, Vec<NodeId>)>,
+    }
+
+    /// Every node as both harnesses see it after a cycle: incarnation, enforced limit, own
+    /// share, indicator and demand estimate (as bits), or `None` while crashed.
+    type NodeView = Option<(u64, u64, u64, u64, u64)>;
+
+    /// What is compared after every cycle: time, every node, messages, bytes, worst excess.
+    type Snapshot = (Nanos, Vec<NodeView>, u64, u64, i128);
+
+    fn view(n: Option<&Node>, now: Nanos) -> NodeView {
+        n.map(|n| {
+            (
+                n.incarnation(),
+                n.enforced(KEY, now),
+                n.own(KEY),
+                n.indicator(KEY).to_bits(),
+                n.demand(KEY).to_bits(),
+            )
+        })
+    }
+
+    /// Demand of node `id` in cycle `k`: uneven, some nodes above the fair share, changing
+    /// every 10 cycles, a total wandering around the limit.
+    fn demand(id: NodeId, k: u64) -> f64 {
+        let phase = (u64::from(id) * 7 + k / 10) % 5;
+        400.0 + 350.0 * phase as f64 + f64::from(id) * 0.25
+    }
+
+    fn make(c: &Case) -> impl Fn(NodeId, Vec<(NodeId, f64)>) -> Config + '_ {
+        move |id, links| {
+            let mut cfg = Config::new(id, (0..c.n).collect(), links, 10_000);
+            cfg.cycle = CYCLE;
+            cfg.pacing = c.pacing;
+            cfg.relay = c.relay;
+            cfg
+        }
+    }
+
+    /// The scenario's steps before cycle `k` (crash, restart, heal, cut: the order of
+    /// `cluster::Run::sluice`), then the demands that changed.
+    fn steps(c: &Case, k: u64) -> Vec<Step> {
+        let mut v = Vec::new();
+        if let Some((at, id, back)) = c.crash {
+            if k == at {
+                v.push(Step::Crash(id));
+            }
+            if k == back {
+                v.push(Step::Restart(id));
+            }
+        }
+        if let Some((from, to, ids)) = &c.cut {
+            if k == *to {
+                v.push(Step::Heal);
+            }
+            if k == *from {
+                v.push(Step::Partition(ids.clone()));
+            }
+        }
+        for id in 0..c.n {
+            let r = demand(id, k);
+            if k == 0 || r.to_bits() != demand(id, k - 1).to_bits() {
+                v.push(Step::SetDemand(id, KEY, r));
+            }
+        }
+        v
+    }
+
+    fn through_harness(c: &Case) -> Vec<Snapshot> {
+        let mut h = Cluster::new(c.n, &c.edges, make(c), c.net, c.seed).unwrap();
+        (0..c.cycles)
+            .map(|k| {
+                for s in steps(c, k) {
+                    h.apply(s);
+                }
+                h.apply(Step::Run(1));
+                let now = h.now();
+                let nodes = (0..c.n).map(|id| view(h.node(id), now)).collect();
+                (now, nodes, h.traffic.messages, h.traffic.bytes, h.max_over)
+            })
+            .collect()
+    }
+
+    fn through_net(c: &Case) -> Vec<Snapshot> {
+        let mut net = Net::new(c.n, &c.edges, make(c), c.net, c.seed).unwrap();
+        (0..c.cycles)
+            .map(|k| {
+                for s in steps(c, k) {
+                    match s {
+                        Step::Crash(id) => net.crash(id),
+                        Step::Restart(id) => net.restart(id),
+                        Step::Heal => net.heal(),
+                        Step::Partition(ids) => net.partition(&ids),
+                        Step::SetDemand(id, key, r) => net.set_demand(id, key, r),
+                        other => unreachable!("{other:?}"),
+                    }
+                }
+                net.run_cycle();
+                let now = net.now();
+                let nodes = (0..c.n).map(|id| view(net.node(id), now)).collect();
+                (now, nodes, net.messages, net.bytes, net.max_over)
+            })
+            .collect()
+    }
+
+    fn cases() -> Vec<Case> {
+        let lossy = NetConfig {
+            loss: 0.2,
+            dup: 0.1,
+            max_delay: 0,
+        };
+        // Delays up to 1.5 cycles: messages overtake each other and cross cycle ends.
+        let delayed = NetConfig {
+            loss: 0.1,
+            dup: 0.05,
+            max_delay: 150_000_000,
+        };
+        vec![
+            Case {
+                name: "ring, perfect network, paced",
+                n: 8,
+                edges: ring(8),
+                net: NetConfig::perfect(),
+                pacing: Some(Strategy::Simple { c: 2 }),
+                relay: true,
+                cycles: 120,
+                seed: 1,
+                crash: None,
+                cut: None,
+            },
+            Case {
+                name: "ring, loss and duplication, crash and restart, partition",
+                n: 8,
+                edges: ring(8),
+                net: lossy,
+                pacing: Some(Strategy::Simple { c: 2 }),
+                relay: true,
+                cycles: 200,
+                seed: 2,
+                crash: Some((30, 3, 70)),
+                cut: Some((100, 140, vec![0, 1, 2])),
+            },
+            Case {
+                name: "random graph, delay, loss, duplication, crash, partition, randomized",
+                n: 10,
+                edges: random_connected(10, 0.3, &mut Rng::new(9)),
+                net: delayed,
+                pacing: Some(Strategy::Randomized { a: 2, c: 4 }),
+                relay: true,
+                cycles: 200,
+                seed: 3,
+                crash: Some((20, 2, 50)),
+                cut: Some((80, 120, vec![5, 6])),
+            },
+            Case {
+                name: "complete graph, delay, no pacing, no relay, crash without restart",
+                n: 6,
+                edges: complete(6),
+                net: NetConfig {
+                    loss: 0.05,
+                    dup: 0.0,
+                    max_delay: 30_000_000,
+                },
+                pacing: None,
+                relay: false,
+                cycles: 150,
+                seed: 4,
+                crash: Some((40, 0, u64::MAX)),
+                cut: Some((60, 90, vec![4])),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_cycle_is_the_harness_cycle() {
+        for c in cases() {
+            let (h, n) = (through_harness(&c), through_net(&c));
+            assert_eq!(h.len(), n.len());
+            for (k, (a, b)) in h.iter().zip(&n).enumerate() {
+                assert_eq!(a, b, "{}: cycle {k} differs (harness, then net)", c.name);
+            }
+            // The scenarios exercise what they claim: traffic, a crash, the invariant.
+            let last = &n[n.len() - 1];
+            assert!(last.2 > 0 && last.3 > last.2, "{}: no traffic", c.name);
+            assert!(
+                last.4 <= 0,
+                "{}: Σ enforced exceeded L by {}",
+                c.name,
+                last.4
+            );
+            if let Some((at, id, _)) = c.crash {
+                assert!(n[at as usize].1[id as usize].is_none(), "{}", c.name);
+            }
+        }
+    }
+}
