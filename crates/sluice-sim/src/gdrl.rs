@@ -242,6 +242,8 @@ pub struct Trace {
     pub q: Vec<Vec<f64>>,
     /// Per cycle, every node's estimate `λ̂_i` (empty unless recorded).
     pub lambda_hat: Vec<Vec<f64>>,
+    /// Every node's `q_i` after the last cycle (kept when the per-cycle record is off).
+    pub q_final: Vec<f64>,
     /// Largest `(Σ enforced − C)/C` seen (≤ 0: Lemma 1 held).
     pub max_sum_over_limit: f64,
     /// Messages sent.
@@ -354,6 +356,7 @@ pub fn simulate(s: &Setup, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, 
         jfi: Vec::with_capacity(cycles as usize),
         q: Vec::new(),
         lambda_hat: Vec::new(),
+        q_final: Vec::new(),
         max_sum_over_limit: f64::NEG_INFINITY,
         messages: 0,
         bytes: 0,
@@ -407,6 +410,7 @@ pub fn simulate(s: &Setup, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, 
         }
         progress(k, cycles);
     }
+    tr.q_final = q;
     Ok(tr)
 }
 
@@ -472,9 +476,11 @@ impl RunReport {
         let last_slot = t.slot.last().copied().unwrap_or(0);
         let tail = last_slot - last_slot / 10;
         let per = (t.nodes as f64 * t.slot.len() as f64).max(1.0);
-        let q_mean_final =
-            t.q.last()
-                .map_or(f64::NAN, |q| q.iter().sum::<f64>() / q.len().max(1) as f64);
+        let q_mean_final = if t.q_final.is_empty() {
+            f64::NAN
+        } else {
+            t.q_final.iter().sum::<f64>() / t.q_final.len() as f64
+        };
         Self {
             topology: s.topology_name.clone(),
             nodes: t.nodes,

@@ -63,6 +63,14 @@ fn scale_all_converge_and_ring_is_slowest_seed003_iiic() {
     assert_eq!(out.cases.len(), 6);
     for (n, d, r) in &out.cases {
         assert!(r.jfi_final >= 0.99, "N={n} d={d}: {r:?}");
+        // The nodes are not recorded per cycle, yet the final mean q is reported: q*, up to
+        // the error of λ̂ (the capacities add up to C, so Σ q_i = Σ λ̂_i − C).
+        assert!(
+            (r.q_mean_final - r.q_star).abs() < 0.01,
+            "N={n} d={d}: {} vs {}",
+            r.q_mean_final,
+            r.q_star
+        );
         assert!(r.max_sum_over_limit <= 0.0, "N={n} d={d}: {r:?}");
         assert!((r.eta - 1.0 / (2.0 * *d as f64)).abs() < 1e-12);
     }
