@@ -9,6 +9,8 @@ use sluice_graph::TopologySpec;
 use sluice_sim::baselines::{Baseline, Setup, run as compare};
 use sluice_sim::cluster::Workload;
 
+use super::progress::Progress;
+
 /// Every strategy on every workload, with and without message loss: over-throttling,
 /// overshoot, JFI, messages and bytes per node per second. Same seed ⇒ the same table.
 #[derive(Debug, clap::Args)]
@@ -57,11 +59,11 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     s.limit = a.limit;
     s.seed = a.seed;
     eprintln!("baselines: seed {}", s.seed);
+    let mut progress = Progress::new("baselines", "runs");
     let table = compare(&s, &mut |done, total| {
-        if done.is_multiple_of(10) || done == total {
-            eprintln!("run {done}/{total}");
-        }
+        progress.update(done as u64, total as u64);
     })?;
+    progress.finish();
     table
         .write(&a.out)
         .with_context(|| format!("writing to {}", a.out.display()))?;

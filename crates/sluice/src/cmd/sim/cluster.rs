@@ -10,6 +10,8 @@ use sluice_sim::cluster::{
     run as simulate,
 };
 
+use super::progress::Progress;
+
 /// Run N real Sluice nodes (or a baseline) on a deterministic, seeded in-memory network with
 /// a workload of clients per node, and report over-throttling, overshoot, conservation,
 /// fairness, convergence and traffic. Same flags and seed ⇒ byte-identical JSON.
@@ -115,14 +117,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     s.pacing = args.pacing;
     s.relay = !args.no_relay;
     s.demand_tau_cycles = args.demand_tau;
-    // Progress on stderr for long runs only, every 10 %.
-    let long = s.cycles >= 2000 || s.cycles.saturating_mul(s.nodes.unwrap_or(1) as u64) >= 100_000;
-    let mut progress = |done: u64, total: u64| {
-        if long && total >= 10 && done.is_multiple_of(total / 10) {
-            eprintln!("cycle {done}/{total}");
-        }
-    };
-    let out = run_scenario(&s, &mut progress)?;
+    let mut progress = Progress::new("cluster", "cycles");
+    let out = run_scenario(&s, &mut |done, total| progress.update(done, total))?;
+    progress.finish();
     if let Some(dir) = &args.out {
         out.write(dir)
             .with_context(|| format!("writing to {}", dir.display()))?;

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use sluice_sim::dst_example2::{Params, run as simulate};
 
+use super::progress::Progress;
+
 /// Seed 000 §6 Example 2: 10 servers with 100 clients each, 1,000 cycles of a random usage
 /// curve, on a tree (graph #1) and the tree with added links (graph #2), at γ = 0.02 and γ*.
 /// Reports Ψ_cr, Ψ_ss and over-throttling for the published law (dst-sync), Sluice and a
@@ -34,12 +36,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         limit: args.limit,
     };
-    let out = simulate(&p, &mut |_, _| {})?;
+    let mut progress = Progress::new("dst-example2", "cycles");
+    let out = simulate(&p, &mut |done, total| progress.update(done, total))?;
+    progress.finish();
     let dir = args
         .out
         .unwrap_or_else(|| PathBuf::from("results").join("dst-example2"));
     out.write(&dir)
         .with_context(|| format!("writing to {}", dir.display()))?;
+    eprintln!(
+        "wrote summary.csv, trace.csv and accepted.svg to {}",
+        dir.display()
+    );
     if args.json {
         println!("{}", serde_json::to_string(&out.summary(&dir))?);
         return Ok(());

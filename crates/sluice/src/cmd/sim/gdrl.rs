@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use sluice_sim::gdrl::{self, Demand, RunReport, Setup};
 
+use super::progress::Progress;
+
 /// Parameters shared by the three experiments.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Common {
@@ -97,14 +99,6 @@ pub(crate) struct ScaleArgs {
     common: Common,
 }
 
-fn progress(label: &str) -> impl FnMut(u64, u64) + '_ {
-    move |done, total| {
-        if total >= 20_000 && done.is_multiple_of(total / 10) {
-            eprintln!("{label}: cycle {done}/{total}");
-        }
-    }
-}
-
 fn print_run(r: &RunReport) {
     println!(
         "{} ({} nodes), η = {:.4}, α = {}, C/Λ = {:.4}, {} slots ({} per cycle), loss {}, seed {}",
@@ -140,7 +134,9 @@ pub(crate) fn run_ring(a: RingArgs) -> anyhow::Result<()> {
     let mut s = Setup::ring(a.nodes, a.capacity_factor, Demand::Constant);
     a.common.apply(&mut s);
     eprintln!("gdrl-ring: seed {}", s.seed);
-    let out = gdrl::ring(&s, &mut progress("gdrl-ring"))?;
+    let mut progress = Progress::new("gdrl-ring", "cycles");
+    let out = gdrl::ring(&s, &mut |done, total| progress.update(done, total))?;
+    progress.finish();
     let dir = a.common.out("gdrl-ring");
     out.trace
         .write(&dir, s.demand, "seed 003 §III-A")
@@ -162,7 +158,9 @@ pub(crate) fn run_dynamic(a: DynamicArgs) -> anyhow::Result<()> {
     s.slots = 4 * a.tau0;
     a.common.apply(&mut s);
     eprintln!("gdrl-dynamic: seed {}", s.seed);
-    let out = gdrl::dynamic(&s, &mut progress("gdrl-dynamic"))?;
+    let mut progress = Progress::new("gdrl-dynamic", "cycles");
+    let out = gdrl::dynamic(&s, &mut |done, total| progress.update(done, total))?;
+    progress.finish();
     let dir = a.common.out("gdrl-dynamic");
     out.trace
         .write(&dir, s.demand, "seed 003 §III-B")
@@ -193,16 +191,30 @@ pub(crate) fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     s.slots = 2_000;
     a.common.apply(&mut s);
     eprintln!("gdrl-scale: seed {}", s.seed);
-    let mut last = String::new();
-    let out = gdrl::scale(&s, &a.sizes, &a.degrees, &mut |name, done, total| {
+    // Work per cycle grows with N·d (arrivals, messages): the bar counts it, the cases run
+    // in the library's order (sizes, then degrees).
+    let weights: Vec<u64> = a
+        .sizes
+        .iter()
+        .flat_map(|&n| a.degrees.iter().map(move |&d| (n * (d + 1)) as u64))
+        .collect();
+    let cycles = s.slots.div_ceil(s.slots_per_cycle.max(1));
+    let total: u64 = weights.iter().map(|w| w * cycles).sum();
+    let mut progress = Progress::new("gdrl-scale", "work");
+    let (mut case, mut before, mut last) = (0usize, 0u64, String::new());
+    let out = gdrl::scale(&s, &a.sizes, &a.degrees, &mut |name, done, _| {
         if name != last {
-            eprintln!("gdrl-scale: {name}");
+            if !last.is_empty() {
+                before += weights.get(case).copied().unwrap_or(0) * cycles;
+                case += 1;
+            }
             last = name.to_string();
+            progress.set_message(name);
         }
-        if total >= 1000 && done.is_multiple_of(total / 4) {
-            eprintln!("  cycle {done}/{total}");
-        }
+        let w = weights.get(case).copied().unwrap_or(0);
+        progress.update(before + w * done, total);
     })?;
+    progress.finish();
     let dir = a.common.out("gdrl-scale");
     out.write(&dir)
         .with_context(|| format!("writing to {}", dir.display()))?;

@@ -6,6 +6,8 @@ use anyhow::{Context as _, bail};
 use sluice_balance::{Farm, PolicyKind};
 use sluice_sim::jsqt::{self, Config, Outcome, Preset};
 
+use super::progress::Progress;
+
 /// Simulate a farm (or one of seed 001's cases with --preset) and compare the empirical
 /// overflow q with the optimum q_opt of the same α-fair penalty.
 #[derive(Debug, clap::Args)]
@@ -146,15 +148,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(configs.len());
     for c in &configs {
         let label = c.label.clone();
-        let mut last_decile = 0;
-        let mut progress = |done: u64, total: u64| {
-            let decile = done * 10 / total.max(1);
-            if total >= 200_000 && decile > last_decile {
-                last_decile = decile;
-                eprintln!("[{label}] {}% ({done}/{total} slots)", decile * 10);
-            }
-        };
-        outcomes.push(jsqt::run(c, &mut progress).with_context(|| format!("run {label}"))?);
+        let mut progress = Progress::new(format!("jsqt {label}"), "slots");
+        let o = jsqt::run(c, &mut |done, total| progress.update(done, total));
+        progress.finish();
+        outcomes.push(o.with_context(|| format!("run {label}"))?);
     }
     let dir = a
         .out

@@ -6,6 +6,7 @@ mod dispersion;
 mod dst_example2;
 mod gdrl;
 mod jsqt;
+mod progress;
 mod token_account;
 
 /// Arguments of `sluice sim`.

@@ -1,12 +1,15 @@
 //! `sluice sim token-account`: seed 004 §4, token accounts vs the proactive baseline.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use sluice_sim::token_account::{
     self, App, Config, Outcome, best_by_kind, default_pairs, paper_pairs,
 };
+
+use super::progress::Progress;
 
 /// Push gossip, gossip learning and chaotic power iteration paced by token accounts
 /// (proactive / simple / generalized / randomized) at equal message count.
@@ -111,8 +114,22 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let total = configs.len();
+    // The runs go on in parallel: the bar counts the periods of all of them.
+    let periods = Mutex::new((vec![0u64; total], Progress::new("token-account", "periods")));
+    let all = total as u64 * a.periods;
+    let advance = |i: usize, d: u64| {
+        if let Ok(mut g) = periods.lock() {
+            let (per_run, bar) = &mut *g;
+            if let Some(p) = per_run.get_mut(i) {
+                *p = d;
+            }
+            let sum = per_run.iter().sum();
+            bar.update(sum, all);
+        }
+    };
     let done = |i: usize, o: &Outcome| {
-        eprintln!(
+        advance(i, a.periods);
+        let line = format!(
             "[{}/{total}] {} {}: metric {:.4}, {:.3} msg/node/period, {} events, state {:.1} MB, \
              peak {} in flight ({:.0} s elapsed)",
             i + 1,
@@ -125,18 +142,16 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             o.peak_in_flight,
             started.elapsed().as_secs_f64()
         );
-    };
-    let big = a.nodes >= 50_000;
-    let progress = |i: usize, d: u64, t: u64| {
-        if big {
-            eprintln!(
-                "  run {}: period {d}/{t} ({:.0} s elapsed)",
-                i + 1,
-                started.elapsed().as_secs_f64()
-            );
+        if let Ok(g) = periods.lock() {
+            g.1.println(&line);
         }
     };
-    let mut outcomes = token_account::run_batch(&configs, threads, &done, &progress)?;
+    let progress = |i: usize, d: u64, _: u64| advance(i, d);
+    let outcomes = token_account::run_batch(&configs, threads, &done, &progress);
+    if let Ok(mut g) = periods.lock() {
+        g.1.finish();
+    }
+    let mut outcomes = outcomes?;
     token_account::compare(&mut outcomes);
     token_account::write_results(&a.out, &outcomes)
         .with_context(|| format!("writing {}", a.out.display()))?;
