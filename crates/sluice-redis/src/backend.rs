@@ -40,8 +40,14 @@ pub trait Backend: Send + Sync {
     }
 
     /// As [`Backend::check`], but the answer always comes from the central store (a batch
-    /// held, or an earlier refusal, does not answer it): a fallback's probe must reach the
-    /// store to count as its recovery.
+    /// held, or an earlier refusal, does not answer it), and the store first counts
+    /// `charge` permits the caller admitted without it (a fallback's local decisions) as
+    /// admitted now, whatever the limit says — both within one timeout, so a decision that
+    /// follows a fallback is taken on a count that holds what the node admitted meanwhile.
+    /// A probe must reach the store to count as a fallback's recovery.
+    ///
+    /// An error says nothing of the charge: it may have been counted, and counting it again
+    /// only over-counts.
     fn probe(
         &self,
         alg: &AnyAlgorithm,
@@ -49,9 +55,8 @@ pub trait Backend: Send + Sync {
         limit: &Limit,
         now: Nanos,
         cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        self.check(alg, key, limit, now, cost)
-    }
+        charge: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send;
 }
 
 impl Backend for RedisStore {
@@ -64,6 +69,21 @@ impl Backend for RedisStore {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         RedisStore::check(self, alg, key, limit, now, cost)
+    }
+
+    async fn probe(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        charge: u64,
+    ) -> Result<Decision, Error> {
+        Ok(self
+            .call(alg, key, limit, now, cost, false, charge)
+            .await?
+            .decision)
     }
 }
 
@@ -79,7 +99,7 @@ type StateMap = HashMap<String, HashMap<String, AnyState>>;
 
 /// A name for `alg` with its parameters, so two differently configured algorithms never
 /// share a state.
-fn algorithm_id(alg: &AnyAlgorithm) -> std::borrow::Cow<'static, str> {
+pub(crate) fn algorithm_id(alg: &AnyAlgorithm) -> std::borrow::Cow<'static, str> {
     use sluice_limits::Alignment;
     match alg {
         AnyAlgorithm::FixedWindow(f) => match f.alignment() {
@@ -111,22 +131,32 @@ impl MemoryStore {
         now: Nanos,
         cost: u64,
     ) -> Decision {
+        self.with_state(alg, key, limit, now, |state| {
+            alg.check(state, limit, now, cost)
+        })
+        .unwrap_or_else(|| alg.peek(&alg.new_state(limit, now), limit, now, cost))
+    }
+
+    /// Runs `f` on `key`'s state (created if new); `None` only if the map failed to hold it.
+    fn with_state<R>(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        f: impl FnOnce(&mut AnyState) -> R,
+    ) -> Option<R> {
         let id = algorithm_id(alg);
         let mut states = self.states.lock();
         // Look up by borrowed names: no allocation once the key is known.
         if !states.contains_key(id.as_ref()) {
             states.insert(id.to_string(), HashMap::new());
         }
-        let Some(keys) = states.get_mut(id.as_ref()) else {
-            return alg.peek(&alg.new_state(limit, now), limit, now, cost);
-        };
+        let keys = states.get_mut(id.as_ref())?;
         if !keys.contains_key(key) {
             keys.insert(key.to_string(), alg.new_state(limit, now));
         }
-        let Some(state) = keys.get_mut(key) else {
-            return alg.peek(&alg.new_state(limit, now), limit, now, cost);
-        };
-        alg.check(state, limit, now, cost)
+        keys.get_mut(key).map(f)
     }
 
     /// Number of keys held.
@@ -152,5 +182,44 @@ impl Backend for MemoryStore {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
+    }
+
+    /// A state in memory cannot hold more than its limit: the charge counts what fits.
+    fn probe(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        charge: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        self.with_state(alg, key, limit, now, |state| {
+            take_what_fits(alg, state, limit, now, charge);
+        });
+        std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
+    }
+}
+
+/// Takes `n` permits from `state`, or as many as it holds: counts admissions made elsewhere
+/// as far as the state can hold them.
+pub(crate) fn take_what_fits(
+    alg: &AnyAlgorithm,
+    state: &mut AnyState,
+    limit: &Limit,
+    now: Nanos,
+    n: u64,
+) {
+    if n == 0 || alg.check(state, limit, now, n).allowed {
+        return;
+    }
+    let d = alg.peek(state, limit, now, 1);
+    let fits = if d.allowed {
+        d.remaining.saturating_add(1).min(n)
+    } else {
+        0
+    };
+    if fits > 0 {
+        alg.check(state, limit, now, fits);
     }
 }

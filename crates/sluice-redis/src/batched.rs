@@ -115,7 +115,7 @@ impl BatchedStore {
         now: Nanos,
         cost: u64,
     ) -> Result<Decision, Error> {
-        self.decide(alg, key, limit, now, cost, false).await
+        self.decide(alg, key, limit, now, cost, None).await
     }
 
     /// Decides from the key's batch only, without I/O: `None` when the key holds no valid
@@ -143,10 +143,12 @@ impl BatchedStore {
     }
 
     /// Takes a new batch from Redis whatever the key's batch holds or an earlier refusal
-    /// said, then decides as [`BatchedStore::check`] does.
+    /// said — after Redis has counted `charge` permits admitted without it (see
+    /// [`Backend::probe`]), within one timeout — then decides as [`BatchedStore::check`]
+    /// does.
     ///
     /// # Errors
-    /// As [`RedisStore::check`].
+    /// As [`RedisStore::check`]; an error says nothing of the charge.
     pub async fn probe(
         &self,
         alg: &AnyAlgorithm,
@@ -154,11 +156,12 @@ impl BatchedStore {
         limit: &Limit,
         now: Nanos,
         cost: u64,
+        charge: u64,
     ) -> Result<Decision, Error> {
-        self.decide(alg, key, limit, now, cost, true).await
+        self.decide(alg, key, limit, now, cost, Some(charge)).await
     }
 
-    /// `force`: ask Redis even when the batch or a refusal could answer.
+    /// `probe`: ask Redis even when the batch or a refusal could answer, charging it first.
     async fn decide(
         &self,
         alg: &AnyAlgorithm,
@@ -166,8 +169,9 @@ impl BatchedStore {
         limit: &Limit,
         now: Nanos,
         cost: u64,
-        force: bool,
+        probe: Option<u64>,
     ) -> Result<Decision, Error> {
+        let force = probe.is_some();
         let id = (key.to_string(), Shape::of(alg)?.kind);
         let wanted = {
             let mut leases = self.leases.lock();
@@ -187,7 +191,12 @@ impl BatchedStore {
         // The call happens without the lock; other requests meanwhile use what is left or
         // take batches of their own.
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let (central, granted) = self.store.acquire(alg, key, limit, now, wanted).await?;
+        let charge = probe.unwrap_or(0);
+        let r = self
+            .store
+            .call(alg, key, limit, now, wanted, true, charge)
+            .await?;
+        let (central, granted) = (r.decision, r.granted);
         let expires = now.saturating_add(match alg {
             // A window's permits are good until the window ends.
             AnyAlgorithm::FixedWindow(_) => self.config.lease.min(central.reset_after),
@@ -286,8 +295,9 @@ impl Backend for BatchedStore {
         limit: &Limit,
         now: Nanos,
         cost: u64,
+        charge: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        BatchedStore::probe(self, alg, key, limit, now, cost)
+        BatchedStore::probe(self, alg, key, limit, now, cost, charge)
     }
 }
 

@@ -1,10 +1,12 @@
 //! Deciding locally when Redis does not answer (seed 002 §4.4(4)).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use sluice_limits::{AnyAlgorithm, Decision, Limit, Nanos};
+use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
-use crate::backend::{Backend, MemoryStore};
+use crate::backend::{Backend, algorithm_id, take_what_fits};
+use crate::debt::Debt;
 use crate::error::Error;
 
 /// Where decisions are being made.
@@ -129,13 +131,21 @@ impl Default for FallbackConfig {
 /// are decided locally at once. Locally means: from the batch the node holds while it is
 /// valid (batched mode: its permits, nothing more, until it expires), then with the node's
 /// share of the limit. Only an answer of Redis itself ends a fallback — a probe is never
-/// answered from a batch or from an earlier refusal. Permits admitted locally are not known
-/// to Redis when it comes back; the local limit is the node's share so that all nodes
-/// together stay near the global limit meanwhile.
+/// answered from a batch or from an earlier refusal.
+///
+/// **Guarantee.** The share's state counts every permit the node admits, its central ones
+/// too (as far as the share holds them), so in a window in which Redis stops answering a
+/// node admits at most `max(a, L/N)`, `a` what it admitted through Redis (`L` the limit,
+/// `1/N` the share). Every permit the share admits is owed to Redis ([`Debt`]) and charged
+/// to it, unconditionally, before the node's next central decision of the key, in the
+/// same call ([`Backend::probe`]); while that call is on its way the key is decided
+/// locally, and if it fails the debt stays (a charge that timed out may have been counted:
+/// charging it again only over-counts) and so does the fallback. So the decisions Redis
+/// takes after a node's return count what that node admitted locally.
 #[derive(Debug)]
 pub struct FallbackLimiter<B> {
     central: B,
-    local: MemoryStore,
+    keys: parking_lot::Mutex<Keys>,
     config: FallbackConfig,
     /// 0: central; otherwise the fallback's start + 1.
     fallback_since: AtomicU64,
@@ -143,12 +153,104 @@ pub struct FallbackLimiter<B> {
     probing: AtomicBool,
 }
 
+/// A key's share state and debt, per algorithm (its parameters included) and key.
+#[derive(Debug, Default)]
+struct Keys {
+    by_algorithm: HashMap<String, HashMap<String, KeyState>>,
+    next_prune: Nanos,
+}
+
+/// Idle keys are forgotten this often (the caller's clock).
+const PRUNE_EVERY: Nanos = 10_000_000_000;
+
+#[derive(Debug)]
+struct KeyState {
+    alg: AnyAlgorithm,
+    limit: Limit,
+    share: Limit,
+    /// The node's share of the limit: its local admissions, and its central ones as far as
+    /// the share holds them (so a share used through Redis is not spent again locally).
+    state: AnyState,
+    /// Local admissions Redis has not counted yet.
+    debt: Debt,
+    /// A call charging this key's debt is on its way to Redis.
+    charging: bool,
+}
+
+impl KeyState {
+    /// Decides on the share; an admission is owed to Redis.
+    fn decide_owed(&mut self, now: Nanos, cost: u64) -> Decision {
+        let d = self.alg.check(&mut self.state, &self.share, now, cost);
+        if d.allowed {
+            self.debt.record(&self.alg, &self.limit, now, cost);
+        }
+        d
+    }
+}
+
+impl Keys {
+    /// `key`'s state, created if new, with the limit and share as given now.
+    fn get(
+        &mut self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        share: &Limit,
+        now: Nanos,
+    ) -> Option<&mut KeyState> {
+        if now >= self.next_prune {
+            self.next_prune = now.saturating_add(PRUNE_EVERY);
+            self.prune(now);
+        }
+        let id = algorithm_id(alg);
+        // Look up by borrowed names: no allocation once the key is known.
+        if !self.by_algorithm.contains_key(id.as_ref()) {
+            self.by_algorithm.insert(id.to_string(), HashMap::new());
+        }
+        let keys = self.by_algorithm.get_mut(id.as_ref())?;
+        if !keys.contains_key(key) {
+            let k = KeyState {
+                alg: *alg,
+                limit: *limit,
+                share: *share,
+                state: alg.new_state(share, now),
+                debt: Debt::new(),
+                charging: false,
+            };
+            keys.insert(key.to_string(), k);
+        }
+        let k = keys.get_mut(key)?;
+        (k.limit, k.share) = (*limit, *share);
+        Some(k)
+    }
+
+    /// Forgets keys whose share state is new again and who owe nothing.
+    fn prune(&mut self, now: Nanos) {
+        for keys in self.by_algorithm.values_mut() {
+            keys.retain(|_, k| {
+                k.charging
+                    || k.debt.due(&k.alg, &k.limit, now) > 0
+                    || !k.alg.is_idle(&k.state, &k.share, now)
+            });
+        }
+        self.by_algorithm.retain(|_, keys| !keys.is_empty());
+    }
+}
+
+/// What asking Redis came to.
+enum Asked {
+    /// A charge of the key was on its way: decided locally (and owed).
+    Local(Decision),
+    /// Redis' answer, or why there was none.
+    Answer(Result<Decision, Error>),
+}
+
 impl<B: Backend> FallbackLimiter<B> {
     /// `central` with a local fallback.
     pub fn new(central: B, config: FallbackConfig) -> Self {
         Self {
             central,
-            local: MemoryStore::new(),
+            keys: parking_lot::Mutex::new(Keys::default()),
             config,
             fallback_since: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
@@ -169,6 +271,16 @@ impl<B: Backend> FallbackLimiter<B> {
         }
     }
 
+    /// What `key` owes Redis at `now`: permits its share admitted that Redis has not
+    /// counted yet and that still weigh ([`Debt::due`]).
+    pub fn owed(&self, alg: &AnyAlgorithm, key: &str, limit: &Limit, now: Nanos) -> u64 {
+        let keys = self.keys.lock();
+        keys.by_algorithm
+            .get(algorithm_id(alg).as_ref())
+            .and_then(|m| m.get(key))
+            .map_or(0, |k| k.debt.due(alg, limit, now))
+    }
+
     /// Decides a request; never fails, never waits longer than the central timeout.
     pub async fn check(
         &self,
@@ -179,48 +291,15 @@ impl<B: Backend> FallbackLimiter<B> {
         cost: u64,
     ) -> Outcome {
         let since = self.fallback_since.load(Ordering::Acquire);
-        if since != 0 {
-            // A batch still valid decides first: the node keeps to what Redis gave it.
-            let held = self.central.held(alg, key, limit, now, cost);
-            if let Some(d) = held.filter(|d| d.allowed) {
-                return central(d, None);
-            }
-            let probe = now >= self.next_probe.load(Ordering::Acquire)
-                && !self.probing.swap(true, Ordering::AcqRel);
-            if !probe {
-                return match held {
-                    Some(d) => central(d, None),
-                    None => self.share(alg, key, limit, now, cost, None, None),
-                };
-            }
-            self.next_probe.store(
-                now.saturating_add(self.config.probe_every),
-                Ordering::Release,
-            );
-            // Cleared even if the caller drops this future mid-probe.
-            let guard = ProbeGuard(&self.probing);
-            // Only an answer of Redis itself counts as its return (not the batch, nor an
-            // earlier refusal).
-            let r = self.central.probe(alg, key, limit, now, cost).await;
-            drop(guard);
-            return match r {
-                Ok(decision) => {
-                    let transition = self
-                        .fallback_since
-                        .compare_exchange(since, 0, Ordering::AcqRel, Ordering::Acquire)
-                        .ok()
-                        .map(|s| Transition::ToCentral {
-                            fallback_since: s - 1,
-                        });
-                    central(decision, transition)
-                }
-                Err(e) if e.is_unavailable() => self.local(alg, key, limit, now, cost, None, None),
-                Err(e) => self.local(alg, key, limit, now, cost, None, Some(e)),
-            };
+        if since != 0
+            && let Some(out) = self.fallback(alg, key, limit, now, cost, since).await
+        {
+            return out;
         }
-        match self.central.check(alg, key, limit, now, cost).await {
-            Ok(decision) => central(decision, None),
-            Err(e) if e.is_unavailable() => {
+        match self.ask(alg, key, limit, now, cost, false).await {
+            Asked::Local(d) => local(d, None, None),
+            Asked::Answer(Ok(decision)) => central(decision, None),
+            Asked::Answer(Err(e)) if e.is_unavailable() => {
                 self.next_probe.store(
                     now.saturating_add(self.config.probe_every),
                     Ordering::Release,
@@ -236,15 +315,160 @@ impl<B: Backend> FallbackLimiter<B> {
                     )
                     .ok()
                     .map(|_| Transition::ToFallback { cause: e });
-                self.local(alg, key, limit, now, cost, t, None)
+                self.without_redis(alg, key, limit, now, cost, t)
             }
-            Err(e) => self.local(alg, key, limit, now, cost, None, Some(e)),
+            Asked::Answer(Err(e)) => self.problem(alg, key, limit, now, cost, e),
         }
     }
 
-    /// Without Redis: the batch held while it is valid, then the node's share.
-    #[allow(clippy::too_many_arguments)]
-    fn local(
+    /// In fallback since `since`: the batch held, the share, or a probe. `None` when the
+    /// mode turned central meanwhile (a probe of another request): the caller asks Redis.
+    async fn fallback(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        since: Nanos,
+    ) -> Option<Outcome> {
+        // A batch still valid decides first: the node keeps to what Redis gave it.
+        let held = self.central.held(alg, key, limit, now, cost);
+        if let Some(d) = held.filter(|d| d.allowed) {
+            self.counted_centrally(alg, key, limit, now, cost);
+            return Some(central(d, None));
+        }
+        let probe = now >= self.next_probe.load(Ordering::Acquire)
+            && !self.probing.swap(true, Ordering::AcqRel);
+        if !probe {
+            return match held {
+                Some(d) => Some(central(d, None)),
+                None => self.share_if_fallback(alg, key, limit, now, cost),
+            };
+        }
+        self.next_probe.store(
+            now.saturating_add(self.config.probe_every),
+            Ordering::Release,
+        );
+        // Cleared even if the caller drops this future mid-probe.
+        let guard = ProbeGuard(&self.probing);
+        // Only an answer of Redis itself counts as its return (not the batch, nor an
+        // earlier refusal); the probe charges what the key owes first.
+        let r = self.ask(alg, key, limit, now, cost, true).await;
+        drop(guard);
+        Some(match r {
+            Asked::Local(d) => local(d, None, None),
+            Asked::Answer(Ok(decision)) => {
+                let transition = self
+                    .fallback_since
+                    .compare_exchange(since, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .ok()
+                    .map(|s| Transition::ToCentral {
+                        fallback_since: s - 1,
+                    });
+                central(decision, transition)
+            }
+            Asked::Answer(Err(e)) if e.is_unavailable() => {
+                self.without_redis(alg, key, limit, now, cost, None)
+            }
+            Asked::Answer(Err(e)) => self.problem(alg, key, limit, now, cost, e),
+        })
+    }
+
+    /// Asks Redis (`probe`: always Redis itself), charging what the key owes first; while
+    /// another call charges the key, decides locally instead.
+    async fn ask(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        probe: bool,
+    ) -> Asked {
+        let share = self.config.share.apply(limit);
+        let owed = {
+            let mut keys = self.keys.lock();
+            match keys.get(alg, key, limit, &share, now) {
+                Some(k) if k.charging => return Asked::Local(k.decide_owed(now, cost)),
+                Some(k) if !k.debt.is_empty() => {
+                    if k.debt.due(alg, limit, now) == 0 {
+                        k.debt = Debt::new();
+                        None
+                    } else {
+                        k.charging = true;
+                        Some(k.debt.take())
+                    }
+                }
+                _ => None,
+            }
+        };
+        let charge = owed.as_ref().map_or(0, |d| d.due(alg, limit, now));
+        // Puts the debt back if this call fails or is dropped on the way.
+        let mut pending = Pending {
+            keys: &self.keys,
+            alg,
+            key,
+            owed,
+        };
+        let r = if probe || charge > 0 {
+            self.central.probe(alg, key, limit, now, cost, charge).await
+        } else {
+            self.central.check(alg, key, limit, now, cost).await
+        };
+        if let Ok(d) = &r {
+            let mut keys = self.keys.lock();
+            if let Some(k) = keys.get(alg, key, limit, &share, now) {
+                if pending.owed.take().is_some() {
+                    k.charging = false;
+                }
+                if d.allowed {
+                    take_what_fits(alg, &mut k.state, &share, now, cost);
+                }
+            }
+        }
+        drop(pending);
+        Asked::Answer(r)
+    }
+
+    /// A permit admitted from a batch of Redis: the share counts it (as far as it holds).
+    fn counted_centrally(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) {
+        let share = self.config.share.apply(limit);
+        if let Some(k) = self.keys.lock().get(alg, key, limit, &share, now) {
+            take_what_fits(alg, &mut k.state, &share, now, cost);
+        }
+    }
+
+    /// In fallback, without asking Redis: the node's share, the admission owed. `None` if
+    /// the mode is central again and no charge of the key is on its way: then only a
+    /// central decision may follow what the key owes.
+    fn share_if_fallback(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Outcome> {
+        let share = self.config.share.apply(limit);
+        let mut keys = self.keys.lock();
+        // Under the lock: a call that takes the key's debt after this sees this admission.
+        let k = keys.get(alg, key, limit, &share, now)?;
+        if self.fallback_since.load(Ordering::Acquire) == 0 && !k.charging {
+            return None;
+        }
+        Some(local(k.decide_owed(now, cost), None, None))
+    }
+
+    /// Redis did not answer: the batch held while it is valid, then the share, owed.
+    fn without_redis(
         &self,
         alg: &AnyAlgorithm,
         key: &str,
@@ -252,35 +476,73 @@ impl<B: Backend> FallbackLimiter<B> {
         now: Nanos,
         cost: u64,
         transition: Option<Transition>,
-        problem: Option<Error>,
     ) -> Outcome {
-        if problem.is_none()
-            && let Some(d) = self.central.held(alg, key, limit, now, cost)
-        {
+        if let Some(d) = self.central.held(alg, key, limit, now, cost) {
+            if d.allowed {
+                self.counted_centrally(alg, key, limit, now, cost);
+            }
             return central(d, transition);
         }
-        self.share(alg, key, limit, now, cost, transition, problem)
+        let share = self.config.share.apply(limit);
+        let d = match self.keys.lock().get(alg, key, limit, &share, now) {
+            Some(k) => k.decide_owed(now, cost),
+            None => alg.peek(&alg.new_state(&share, now), &share, now, cost),
+        };
+        local(d, transition, None)
     }
 
-    /// The node's share of the limit, on the local limiter.
-    #[allow(clippy::too_many_arguments)]
-    fn share(
+    /// A rule Redis cannot run: decided on the share, owed to no one.
+    fn problem(
         &self,
         alg: &AnyAlgorithm,
         key: &str,
         limit: &Limit,
         now: Nanos,
         cost: u64,
-        transition: Option<Transition>,
-        problem: Option<Error>,
+        problem: Error,
     ) -> Outcome {
         let share = self.config.share.apply(limit);
-        Outcome {
-            decision: self.local.decide(alg, key, &share, now, cost),
-            source: Source::Local,
-            transition,
-            problem,
+        let d = match self.keys.lock().get(alg, key, limit, &share, now) {
+            Some(k) => k.alg.check(&mut k.state, &share, now, cost),
+            None => alg.peek(&alg.new_state(&share, now), &share, now, cost),
+        };
+        local(d, None, Some(problem))
+    }
+}
+
+/// A key's debt on its way to Redis: put back, and the key's charge marked done, unless
+/// the call succeeded (`owed` taken).
+struct Pending<'a> {
+    keys: &'a parking_lot::Mutex<Keys>,
+    alg: &'a AnyAlgorithm,
+    key: &'a str,
+    owed: Option<Debt>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let Some(owed) = self.owed.take() else {
+            return;
+        };
+        let mut keys = self.keys.lock();
+        if let Some(k) = keys
+            .by_algorithm
+            .get_mut(algorithm_id(self.alg).as_ref())
+            .and_then(|m| m.get_mut(self.key))
+        {
+            k.debt.restore(owed);
+            k.charging = false;
         }
+    }
+}
+
+/// A decision of the node's share.
+fn local(decision: Decision, transition: Option<Transition>, problem: Option<Error>) -> Outcome {
+    Outcome {
+        decision,
+        source: Source::Local,
+        transition,
+        problem,
     }
 }
 
@@ -306,6 +568,179 @@ impl Drop for ProbeGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryStore;
+    use sluice_limits::{AlgorithmKind, Options};
+    use std::time::Duration;
+
+    const S: Nanos = 1_000_000_000;
+
+    /// A central store in memory that can be taken down, holds probes at a gate, and
+    /// remembers the charges it was sent.
+    #[derive(Default)]
+    struct Flaky {
+        store: MemoryStore,
+        down: AtomicBool,
+        charges: parking_lot::Mutex<Vec<u64>>,
+        gate: Option<tokio::sync::Semaphore>,
+    }
+
+    impl Flaky {
+        fn unavailable(&self) -> Option<Error> {
+            self.down
+                .load(Ordering::Acquire)
+                .then(|| Error::Timeout(Duration::from_millis(50)))
+        }
+    }
+
+    impl Backend for Flaky {
+        fn check(
+            &self,
+            alg: &AnyAlgorithm,
+            key: &str,
+            limit: &Limit,
+            now: Nanos,
+            cost: u64,
+        ) -> impl Future<Output = Result<Decision, Error>> + Send {
+            let r = match self.unavailable() {
+                Some(e) => Err(e),
+                None => Ok(self.store.decide(alg, key, limit, now, cost)),
+            };
+            std::future::ready(r)
+        }
+
+        async fn probe(
+            &self,
+            alg: &AnyAlgorithm,
+            key: &str,
+            limit: &Limit,
+            now: Nanos,
+            cost: u64,
+            charge: u64,
+        ) -> Result<Decision, Error> {
+            if let Some(gate) = &self.gate {
+                let _pass = gate.acquire().await;
+            }
+            if let Some(e) = self.unavailable() {
+                return Err(e);
+            }
+            self.charges.lock().push(charge);
+            self.store.probe(alg, key, limit, now, cost, charge).await
+        }
+    }
+
+    fn rig(gate: bool) -> (FallbackLimiter<Flaky>, AnyAlgorithm, Limit) {
+        let central = Flaky {
+            gate: gate.then(|| tokio::sync::Semaphore::new(0)),
+            ..Flaky::default()
+        };
+        let config = FallbackConfig {
+            share: Share::one_of(2),
+            probe_every: S / 10,
+        };
+        let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindow, Options::default());
+        let limit = Limit::from_nanos(100, S).unwrap();
+        (FallbackLimiter::new(central, config), alg, limit)
+    }
+
+    /// Admissions of `n` requests at `now`, and who made them.
+    async fn admit(
+        f: &FallbackLimiter<Flaky>,
+        alg: &AnyAlgorithm,
+        limit: &Limit,
+        now: Nanos,
+        n: usize,
+    ) -> (u64, u64) {
+        let (mut central, mut local) = (0, 0);
+        for _ in 0..n {
+            let out = f.check(alg, "k", limit, now, 1).await;
+            if out.decision.allowed {
+                match out.source {
+                    Source::Central => central += 1,
+                    Source::Local => local += 1,
+                }
+            }
+        }
+        (central, local)
+    }
+
+    #[tokio::test]
+    async fn the_share_counts_central_admissions_and_redis_is_charged_on_the_return() {
+        let (f, alg, l) = rig(false);
+        let t = 10 * S;
+        // 30 through Redis, then Redis stops answering: the share of 50 holds 20 more, not
+        // 50 on top (max(30, 50) in the window).
+        assert_eq!(admit(&f, &alg, &l, t, 30).await, (30, 0));
+        f.central.down.store(true, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, t + 1, 100).await, (0, 20));
+        assert!(matches!(f.mode(), Mode::Fallback { .. }));
+        // The next window in fallback: the whole share, owed to Redis.
+        let w = 11 * S;
+        assert_eq!(admit(&f, &alg, &l, w, 100).await, (0, 50));
+        assert_eq!(f.owed(&alg, "k", &l, w + 1), 50);
+        // Redis is back: the probe charges the 50 first, so Redis admits 50 more in this
+        // window, not 100 (the window admits L, not L + L/2).
+        f.central.down.store(false, Ordering::Release);
+        let (central, local) = admit(&f, &alg, &l, w + S / 5, 100).await;
+        assert_eq!((central, local), (50, 0));
+        assert_eq!(*f.central.charges.lock(), [50]);
+        assert_eq!(f.mode(), Mode::Central);
+        assert_eq!(f.owed(&alg, "k", &l, w + S / 5), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_charge_stays_owed_and_the_node_stays_in_fallback() {
+        let (f, alg, l) = rig(false);
+        let w = 11 * S;
+        f.central.down.store(true, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, w, 10).await, (0, 10));
+        // Probes fail: nothing was charged, all of it is still owed, and still local.
+        for i in 1..4 {
+            let out = f.check(&alg, "k", &l, w + i * S / 10, 1).await;
+            assert_eq!(out.source, Source::Local);
+            assert!(matches!(f.mode(), Mode::Fallback { .. }));
+        }
+        assert_eq!(f.owed(&alg, "k", &l, w + S / 2), 13);
+        assert!(f.central.charges.lock().is_empty());
+        // Another key returns first: "k" still owes, and its first central call pays.
+        f.central.down.store(false, Ordering::Release);
+        let out = f.check(&alg, "other", &l, w + S / 2, 1).await;
+        assert!(matches!(out.transition, Some(Transition::ToCentral { .. })));
+        assert_eq!(f.owed(&alg, "k", &l, w + S / 2), 13);
+        assert_eq!(admit(&f, &alg, &l, w + S / 2, 100).await, (87, 0));
+        assert_eq!(*f.central.charges.lock(), [0, 13]);
+    }
+
+    #[tokio::test]
+    async fn while_a_charge_is_on_its_way_the_key_is_decided_locally_and_a_dropped_charge_stays_owed()
+     {
+        let (f, alg, l) = rig(true);
+        let w = 11 * S;
+        f.central.down.store(true, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, w, 10).await, (0, 10));
+        f.central.down.store(false, Ordering::Release);
+        // The probe (held at the gate) carries the 10; meanwhile the key is decided on the
+        // share and owes that too.
+        let mut probe = Box::pin(f.check(&alg, "k", &l, w + S / 5, 1));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut probe)
+                .await
+                .is_err()
+        );
+        let out = f.check(&alg, "k", &l, w + S / 5, 1).await;
+        assert!(
+            out.decision.allowed && out.source == Source::Local,
+            "{out:?}"
+        );
+        // Dropped on its way (the caller gave up): all 11 stay owed.
+        drop(probe);
+        assert_eq!(f.owed(&alg, "k", &l, w + S / 5), 11);
+        // The next probe gets through with all of it.
+        f.central.gate.as_ref().unwrap().add_permits(10);
+        let out = f.check(&alg, "k", &l, w + 3 * S / 10, 1).await;
+        assert!(matches!(out.transition, Some(Transition::ToCentral { .. })));
+        assert_eq!(*f.central.charges.lock(), [11]);
+        assert_eq!(admit(&f, &alg, &l, w + S / 2, 100).await, (88, 0));
+    }
 
     #[test]
     fn shares_round_down_but_keep_one_permit() {

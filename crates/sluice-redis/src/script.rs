@@ -130,7 +130,23 @@ pub(crate) fn hash_tag(key: &str) -> String {
 /// # Errors
 /// As above.
 pub fn check_limit(alg: &AnyAlgorithm, limit: &Limit, time: TimeSource) -> Result<(), Error> {
-    Call::new(alg, "", "k", limit, time, 0, 1, false, 0).map(|_| ())
+    Call::new(alg, "", "k", limit, time, 0, 1, false, 0, 0).map(|_| ())
+}
+
+/// The most a charge counts for `kind` under `limit`: the count for the windows, the burst
+/// for the buckets and GCRA. A node's share admits no more than that of what still weighs
+/// (its permits in the window, or the level its bucket holds), so capping loses nothing,
+/// and it keeps every value a script computes exact.
+#[must_use]
+pub(crate) fn charge_cap(kind: AlgorithmKind, limit: &Limit) -> u64 {
+    match kind {
+        AlgorithmKind::FixedWindow
+        | AlgorithmKind::FixedWindowFirst
+        | AlgorithmKind::SlidingWindow
+        | AlgorithmKind::SlidingLog => limit.count(),
+        _ => limit.burst(),
+    }
+    .min((EXACT - 1) as u64)
 }
 
 /// A script call's arguments, checked to be exact.
@@ -138,7 +154,7 @@ pub fn check_limit(alg: &AnyAlgorithm, limit: &Limit, time: TimeSource) -> Resul
 pub(crate) struct Call {
     pub(crate) shape: Shape,
     pub(crate) keys: Vec<String>,
-    pub(crate) args: [String; 9],
+    pub(crate) args: [String; 10],
     time: TimeSource,
 }
 
@@ -152,7 +168,8 @@ pub(crate) struct Reply {
 
 impl Call {
     /// Builds the call; [`Error::OutOfRange`] if some value the script computes could pass
-    /// 2^53 in its unit.
+    /// 2^53 in its unit. With `charge > 0` the call counts that many permits admitted
+    /// without Redis instead of deciding `cost` (at most [`charge_cap`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         alg: &AnyAlgorithm,
@@ -164,6 +181,7 @@ impl Call {
         cost: u64,
         partial: bool,
         min_ttl_ms: u64,
+        charge: u64,
     ) -> Result<Self, Error> {
         let shape = Shape::of(alg)?;
         let (now_arg, now_max, period, units_per_ms) = match time {
@@ -220,6 +238,7 @@ impl Call {
             min_ttl_ms.to_string(),
             units_per_ms.to_string(),
             shape.param.to_string(),
+            charge.min(charge_cap(shape.kind, limit)).to_string(),
         ];
         Ok(Self {
             shape,
@@ -280,24 +299,24 @@ mod tests {
     fn refuses_what_lua_cannot_compute_exactly() {
         let alg = AnyAlgorithm::TokenBucket(sluice_limits::TokenBucket);
         let day: Limit = "1000000/1d".parse().unwrap();
-        let e = Call::new(&alg, "", "k", &day, TimeSource::Caller, 0, 1, false, 0);
+        let e = Call::new(&alg, "", "k", &day, TimeSource::Caller, 0, 1, false, 0, 0);
         assert!(matches!(e, Err(Error::OutOfRange { .. })), "{e:?}");
         // In µs the same limit is 8.64e16: still too much for a token bucket…
-        assert!(Call::new(&alg, "", "k", &day, TimeSource::Server, 0, 1, false, 0).is_err());
+        assert!(Call::new(&alg, "", "k", &day, TimeSource::Server, 0, 1, false, 0, 0).is_err());
         // …but fine for GCRA, whose state is a time.
         let gcra = AnyAlgorithm::Gcra(sluice_limits::Gcra);
-        assert!(Call::new(&gcra, "", "k", &day, TimeSource::Server, 0, 1, false, 0).is_ok());
+        assert!(Call::new(&gcra, "", "k", &day, TimeSource::Server, 0, 1, false, 0, 0).is_ok());
         // The bounds stated in the crate docs, in µs.
         let ok = |alg: &AnyAlgorithm, l: &str| {
             let l: Limit = l.parse().unwrap();
-            Call::new(alg, "", "k", &l, TimeSource::Server, 0, 1, false, 0).is_ok()
+            Call::new(alg, "", "k", &l, TimeSource::Server, 0, 1, false, 0, 0).is_ok()
         };
         assert!(ok(&alg, "100000/1d"));
         let leaky = AnyAlgorithm::LeakyBucket(sluice_limits::LeakyBucket);
         assert!(ok(&leaky, "50000/1d") && !ok(&leaky, "100000/1d"));
         let warm = AnyAlgorithm::new(AlgorithmKind::WarmUp, sluice_limits::Options::default());
         assert!(matches!(
-            Call::new(&warm, "", "k", &day, TimeSource::Server, 0, 1, false, 0),
+            Call::new(&warm, "", "k", &day, TimeSource::Server, 0, 1, false, 0, 0),
             Err(Error::Unsupported(_))
         ));
     }

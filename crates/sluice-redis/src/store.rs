@@ -136,7 +136,10 @@ impl RedisStore {
         now: Nanos,
         cost: u64,
     ) -> Result<Decision, Error> {
-        Ok(self.call(alg, key, limit, now, cost, false).await?.decision)
+        Ok(self
+            .call(alg, key, limit, now, cost, false, 0)
+            .await?
+            .decision)
     }
 
     /// Takes up to `wanted` permits at once (batched mode): all of them if the limit admits
@@ -153,7 +156,7 @@ impl RedisStore {
         now: Nanos,
         wanted: u64,
     ) -> Result<(Decision, u64), Error> {
-        let r = self.call(alg, key, limit, now, wanted, true).await?;
+        let r = self.call(alg, key, limit, now, wanted, true, 0).await?;
         Ok((r.decision, r.granted))
     }
 
@@ -174,7 +177,39 @@ impl RedisStore {
         .await
     }
 
-    async fn call(
+    /// Counts `n` permits of `key` that were admitted without Redis (a fallback's local
+    /// decisions) as admitted now, whatever the limit says: the algorithm's state takes
+    /// them as it takes admissions, past the limit if need be (the count for the windows,
+    /// a level or a time ahead for the buckets and GCRA; at most the count (windows) or the
+    /// burst (buckets) per call, within twice the limit in all). Nothing is decided.
+    ///
+    /// # Errors
+    /// As [`RedisStore::check`]. A time out says nothing of whether the charge was counted.
+    pub async fn charge(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        n: u64,
+    ) -> Result<(), Error> {
+        if n == 0 {
+            return Ok(());
+        }
+        let call = self.prepare(alg, key, limit, now, 0, false, n)?;
+        self.bounded(async {
+            let mut live = self.connection().await?;
+            invoke(&mut live, &call).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// [`RedisStore::charge`] of `charge` permits, then a decision (or a partial grant) of
+    /// `cost`, on one connection and within one timeout: the decision is taken after the
+    /// charge was counted. An error says nothing of the charge.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn call(
         &self,
         alg: &AnyAlgorithm,
         key: &str,
@@ -182,9 +217,38 @@ impl RedisStore {
         now: Nanos,
         cost: u64,
         partial: bool,
+        charge: u64,
     ) -> Result<Reply, Error> {
+        let call = self.prepare(alg, key, limit, now, cost, partial, 0)?;
+        let first = match charge {
+            0 => None,
+            n => Some(self.prepare(alg, key, limit, now, 0, false, n)?),
+        };
+        let v = self
+            .bounded(async {
+                let mut live = self.connection().await?;
+                if let Some(first) = &first {
+                    invoke(&mut live, first).await?;
+                }
+                invoke(&mut live, &call).await
+            })
+            .await?;
+        call.reply(&v)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prepare(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        partial: bool,
+        charge: u64,
+    ) -> Result<Call, Error> {
         let ttl = u64::try_from(self.config.min_ttl.as_millis()).unwrap_or(u64::MAX);
-        let call = Call::new(
+        Call::new(
             alg,
             &self.config.prefix,
             key,
@@ -194,25 +258,8 @@ impl RedisStore {
             cost,
             partial,
             ttl,
-        )?;
-        let v: Vec<i64> = self
-            .bounded(async {
-                let mut inv = call.shape.script().prepare_invoke();
-                for k in &call.keys {
-                    inv.key(k);
-                }
-                for a in &call.args {
-                    inv.arg(a);
-                }
-                let mut live = self.connection().await?;
-                let v = match &mut live {
-                    Live::Single(c) => inv.invoke_async(c).await?,
-                    Live::Cluster(c) => inv.invoke_async(c).await?,
-                };
-                Ok(v)
-            })
-            .await?;
-        call.reply(&v)
+            charge,
+        )
     }
 
     /// Runs `f` within the timeout; on a failure that says the connection is bad, drops it
@@ -268,4 +315,19 @@ impl RedisStore {
         *slot = Some(live);
         Ok(copy)
     }
+}
+
+/// One script call on `live`.
+async fn invoke(live: &mut Live, call: &Call) -> Result<Vec<i64>, Error> {
+    let mut inv = call.shape.script().prepare_invoke();
+    for k in &call.keys {
+        inv.key(k);
+    }
+    for a in &call.args {
+        inv.arg(a);
+    }
+    Ok(match live {
+        Live::Single(c) => inv.invoke_async(c).await?,
+        Live::Cluster(c) => inv.invoke_async(c).await?,
+    })
 }

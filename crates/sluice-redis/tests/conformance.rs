@@ -238,3 +238,133 @@ fn redis_decides_as_sluice_limits_on_random_traces() {
         panic!("{e}");
     }
 }
+
+/// Charges (a fallback's local admissions, counted when Redis answers again) that the limit
+/// holds change Redis' state exactly as admissions do: random traces in which some requests
+/// are admitted in memory and only charged to Redis decide alike afterwards.
+#[test]
+fn a_charge_that_fits_is_counted_as_an_admission() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let charged = proptest::collection::vec(proptest::bool::weighted(0.3), 120);
+    let strategy = (0usize..6, 1u32..=5, limit(), trace(), charged);
+    let result = runner.run(&strategy, |(which, k, limit, steps, charged)| {
+        let alg = algorithms(k)[which];
+        let config = RedisConfig {
+            prefix: unique_prefix(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let memory = MemoryStore::new();
+        rt.block_on(async {
+            let mut now: u64 = 1_000_000;
+            for (i, (s, charge)) in steps.iter().zip(&charged).enumerate() {
+                now = now.saturating_add_signed(s.dt);
+                let key = if s.key == 0 { "a" } else { "b" };
+                let want: Decision = memory.check(&alg, key, &limit, now, s.cost).await.unwrap();
+                if *charge && s.cost > 0 {
+                    // Admitted elsewhere (in memory here): Redis is charged with it.
+                    if want.allowed {
+                        redis
+                            .charge(&alg, key, &limit, now, s.cost)
+                            .await
+                            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                    }
+                    continue;
+                }
+                let got = redis
+                    .check(&alg, key, &limit, now, s.cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(got, want, "request {} ({:?}) at {}", i, s, now);
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Charges past the limit are counted too (within twice the limit): every algorithm refuses
+/// until the excess has left the window or drained, not only until the limit would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
+    let server = RedisServer::start();
+    let config = RedisConfig {
+        prefix: unique_prefix(),
+        timeout: std::time::Duration::from_secs(2),
+        ..RedisConfig::caller_time()
+    };
+    let redis = RedisStore::new(&server.url(), config).unwrap();
+    let l = Limit::from_nanos(10, 1000).unwrap();
+    let alg = |k| AnyAlgorithm::new(k, Options::default());
+    let ok = |k: AlgorithmKind, t: u64, cost: u64| {
+        let redis = &redis;
+        async move {
+            redis
+                .check(&alg(k), "k", &l, t, cost)
+                .await
+                .unwrap()
+                .allowed
+        }
+    };
+    let charge = |k: AlgorithmKind, t: u64, n: u64| {
+        let redis = &redis;
+        async move { redis.charge(&alg(k), "k", &l, t, n).await.unwrap() }
+    };
+
+    // Fixed window: 20 counted, the window refuses until it ends.
+    let fw = AlgorithmKind::FixedWindow;
+    charge(fw, 0, 10).await;
+    charge(fw, 1, 10).await;
+    assert!(!ok(fw, 999, 1).await);
+    assert!(ok(fw, 1000, 10).await);
+
+    // Sliding log: 10 at 0 and 5 at 100: at 1000 the first 10 leave, 5 still weigh.
+    let log = AlgorithmKind::SlidingLog;
+    charge(log, 0, 10).await;
+    charge(log, 100, 5).await;
+    assert!(!ok(log, 999, 1).await);
+    assert!(ok(log, 1000, 5).await);
+    assert!(!ok(log, 1000, 1).await);
+    assert!(ok(log, 1100, 5).await);
+
+    // GCRA (one per 100, tolerance 1000): two bursts charged push TAT to 2000.
+    let gcra = AlgorithmKind::Gcra;
+    charge(gcra, 0, 10).await;
+    charge(gcra, 0, 10).await;
+    assert!(!ok(gcra, 1099, 1).await);
+    assert!(ok(gcra, 1100, 1).await);
+
+    // Token bucket: the second burst is owed, paid back at 1000; one token at 1100.
+    let tb = AlgorithmKind::TokenBucket;
+    charge(tb, 0, 10).await;
+    charge(tb, 0, 10).await;
+    assert!(!ok(tb, 1099, 1).await);
+    assert!(ok(tb, 1100, 1).await);
+
+    // Leaky bucket: twice the burst poured in, one permit of room at 1100.
+    let lb = AlgorithmKind::LeakyBucket;
+    charge(lb, 0, 10).await;
+    charge(lb, 0, 10).await;
+    assert!(!ok(lb, 1099, 1).await);
+    assert!(ok(lb, 1100, 1).await);
+
+    // Sliding window counter (10 sub-windows of 100): 20 in the first sub-window leave the
+    // window when it slides past it.
+    let sw = AlgorithmKind::SlidingWindow;
+    charge(sw, 0, 10).await;
+    charge(sw, 0, 10).await;
+    assert!(!ok(sw, 999, 1).await);
+    assert!(ok(sw, 1000, 10).await);
+}

@@ -273,7 +273,8 @@ async fn batched_fallback_keeps_to_the_batch_and_only_redis_ends_it() {
     assert!(!out.decision.allowed, "{out:?}");
     let wait = out.decision.retry_after.unwrap();
     assert!(wait > 0 && wait <= lease, "{wait}");
-    // Once the batch expired: the node's share (a quarter of 40).
+    // Once the batch expired: the node's share (a quarter of 40), which counts the 3
+    // permits the node took from batches in this window: 10 in the window, not 13.
     let later = t + lease + 1_000 * MS;
     let mut admitted = 0;
     for i in 0..20 {
@@ -284,7 +285,8 @@ async fn batched_fallback_keeps_to_the_batch_and_only_redis_ends_it() {
             admitted += 1;
         }
     }
-    assert_eq!(admitted, 10);
+    assert_eq!(admitted, 7);
+    assert_eq!(limiter.owed(&alg, "held", &limit, later + 20), 7);
     assert!(matches!(limiter.mode(), Mode::Fallback { .. }));
 
     // Redis back: the next probe reaches it and ends the fallback, once.
@@ -304,4 +306,159 @@ async fn batched_fallback_keeps_to_the_batch_and_only_redis_ends_it() {
         at += 20 * MS;
     }
     assert_eq!(limiter.mode(), Mode::Central);
+}
+
+/// The node's clock: ns since the unix epoch, as Redis' `TIME` (windows line up).
+fn wall() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap()
+}
+
+const SECOND: u64 = 1_000_000_000;
+
+/// Waits until `ms` milliseconds into the window after the current one; returns its index.
+async fn into_next_window(ms: u64) -> u64 {
+    let w = wall() / SECOND + 1;
+    let at = w * SECOND + ms * 1_000_000;
+    tokio::time::sleep(Duration::from_nanos(at.saturating_sub(wall()))).await;
+    w
+}
+
+/// One node (a share of 1/2) under load on a fixed window of 100/s: Redis killed 30 ms into
+/// a window, restarted (empty) 300 ms into the second window after, every admission counted
+/// per window. The bounds of docs/PROTOCOL.md for one node: in the window Redis stops
+/// answering at most `max(a, L/2)` (`a` what Redis and its batches admitted), in a window
+/// spent in fallback `L/2`, and in the window it answers again `L` — the local permits are
+/// charged to Redis before it decides again.
+async fn every_window_across_a_kill_and_a_return<B>(make: impl FnOnce(RedisStore) -> B)
+where
+    B: sluice_redis::Backend + Send + Sync + 'static,
+{
+    const L: u64 = 100;
+    let mut server = RedisServer::start();
+    let store = RedisStore::new(
+        &server.url(),
+        RedisConfig {
+            timeout: TIMEOUT,
+            ..RedisConfig::default()
+        },
+    )
+    .unwrap();
+    let limiter = Arc::new(FallbackLimiter::new(
+        make(store),
+        FallbackConfig {
+            share: Share::one_of(2),
+            probe_every: 20_000_000,
+        },
+    ));
+    let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindow, Options::default());
+    let limit = Limit::from_nanos(L, SECOND).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (start, end, admitted, source, transition: 1 to fallback, 2 to central)
+    type Seen = Vec<(u64, u64, bool, Source, u8)>;
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Seen::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let start = wall();
+                let out = limiter.check(&alg, "k", &limit, start, 1).await;
+                let t = match out.transition {
+                    Some(Transition::ToFallback { .. }) => 1,
+                    Some(Transition::ToCentral { .. }) => 2,
+                    None => 0,
+                };
+                seen.push((start, wall(), out.decision.allowed, out.source, t));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            seen
+        }));
+    }
+    let killed = into_next_window(30).await;
+    server.kill();
+    into_next_window(0).await;
+    into_next_window(300).await;
+    // Kept until the end: dropping it stops the server.
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    into_next_window(500).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Seen::new();
+    for t in tasks {
+        seen.extend(t.await.unwrap());
+    }
+
+    // Per window: (central, local). A central decision is taken at Redis between the call's
+    // start and end: one whose call spans a window's end is left out (and counted).
+    let mut windows: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+    let mut spanning = 0;
+    let mut returned = None;
+    let mut flips = 0;
+    for &(start, end, ok, source, t) in &seen {
+        let w = start / SECOND;
+        if t == 2 {
+            returned = Some(w);
+        }
+        flips += u32::from(t != 0);
+        if !ok {
+            continue;
+        }
+        match source {
+            Source::Local => windows.entry(w).or_default().1 += 1,
+            Source::Central if end / SECOND != w => spanning += 1,
+            Source::Central => windows.entry(w).or_default().0 += 1,
+        }
+    }
+    assert_eq!(flips, 2, "to fallback and back, once each: {windows:?}");
+    assert!(
+        spanning <= 4,
+        "{spanning} central calls spanned a window's end"
+    );
+    let returned = returned.unwrap();
+    assert!(
+        returned > killed + 1,
+        "returned in {returned}, killed in {killed}"
+    );
+    for (w, &(central, local)) in &windows {
+        let total = central + local;
+        assert!(total <= L, "window {w}: {total} > {L}: {windows:?}");
+        if *w == killed {
+            assert!(central > 0, "{windows:?}");
+            assert!(
+                total <= central.max(L / 2),
+                "the window of the kill: {central} central + {local} local > max({central}, {}): {windows:?}",
+                L / 2
+            );
+        } else if *w > killed && *w < returned {
+            assert!(central == 0 && local <= L / 2, "window {w}: {windows:?}");
+        } else if *w == returned {
+            // Both kinds in it, or the window would not test the return.
+            assert!(local > 0 && central > 0, "window {w}: {windows:?}");
+        }
+    }
+    assert_eq!(limiter.mode(), Mode::Central);
+    assert_eq!(limiter.owed(&alg, "k", &limit, wall()), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_every_window_stays_within_the_bounds_across_a_kill_and_a_return() {
+    every_window_across_a_kill_and_a_return(|store| store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_every_window_stays_within_the_bounds_across_a_kill_and_a_return() {
+    every_window_across_a_kill_and_a_return(|store| {
+        BatchedStore::new(store, BatchConfig::default())
+    })
+    .await;
 }

@@ -1,7 +1,10 @@
 //! `coordination: redis`: the rules every node decides through one Redis (seed 002 §4.3,
 //! "Redis-based throttling"), exactly (one atomic script call per decision) or in batches
 //! (seed 002 §4.4(5)), and locally while Redis does not answer (seed 002 §4.4(4)): from
-//! the node's batch while it is valid, then with the node's share of the limit. The scripts, the batches and the fallback are `sluice-redis`;
+//! the node's batch while it is valid, then with the node's share of the limit, on a state
+//! that also counts what Redis admitted. What the share admits is charged to Redis before
+//! the node's next central decision of the key (docs/PROTOCOL.md states the bounds per
+//! window). The scripts, the batches and the fallback are `sluice-redis`;
 //! this module gives the engine one [`Central`] to call and reports its state for
 //! `/metrics` and `/v1/cluster` ([`CentralStatus`]).
 //!
@@ -160,8 +163,10 @@ impl fmt::Debug for Central {
 /// Cluster (its nodes, or some of them). `timeout` bounds every call, connecting included:
 /// past it the request is decided locally — in batched mode from the key's batch while it is
 /// valid, then — with `1/nodes_hint` of the limit (the number of nodes sharing the Redis,
-/// `--redis-nodes`; 1 or 0 means the whole limit) and the engine stays in fallback, trying
-/// Redis with one request per 100 ms, until Redis itself answers.
+/// `--redis-nodes`; 1 or 0 means the whole limit) less what Redis admitted for the node, and
+/// the engine stays in fallback, trying Redis with one request per 100 ms, until Redis
+/// itself answers; a key's local admissions are charged to Redis before it decides the key
+/// again.
 ///
 /// Scripts read Redis' own clock (in µs), so the nodes' clocks need not agree.
 ///

@@ -1,4 +1,10 @@
 -- Shared epilogue: decide, grant what is left if asked to, store, answer.
+if charge_n > 0 then
+  -- A fallback's local admissions, counted as admitted now whatever the limit says (each
+  -- algorithm's `charge` keeps its state within twice the limit, so it stays exact).
+  charge(charge_n)
+  return { 1, count, 0, 0, 0, charge_n }
+end
 local d = decide(cost)
 local granted = 0
 if d.allowed then

@@ -9,9 +9,8 @@ local last = tonumber(st[2]) or 0
 local used0 = tonumber(st[3]) or 0
 local first_request = param == 1
 
-local function decide(c)
-  local early = sat_sub(last, now)
-  local t = math.max(now, last)
+-- The window counted at t: its end and the permits already used in it.
+local function window(t)
   local w_end, used
   if first_request then
     w_end = start + period
@@ -21,6 +20,20 @@ local function decide(c)
     w_end = w_start + period
     if used0 > 0 and start >= w_start then used = used0 else used = 0 end
   end
+  return w_end, used
+end
+
+local function store(t, w_end, used, after)
+  local new_start = start
+  if used == 0 then new_start = t end
+  redis.call('HSET', key, 's', num(new_start), 'l', num(t), 'u', num(after))
+  expire(key, w_end - now)
+end
+
+local function decide(c)
+  local early = sat_sub(last, now)
+  local t = math.max(now, last)
+  local w_end, used = window(t)
   local fresh = used == 0
   local reset = 0
   if not fresh then reset = w_end - t end
@@ -29,12 +42,17 @@ local function decide(c)
   if c > n then return late(deny(sat_sub(n, used), reset, -1), early) end
   local after = used + c
   if after <= n then
-    local new_start = start
-    if fresh then new_start = t end
     return late(allow(n - after, w_end - t, function()
-      redis.call('HSET', key, 's', num(new_start), 'l', num(t), 'u', num(after))
-      expire(key, w_end - now)
+      store(t, w_end, used, after)
     end), early)
   end
   return late(deny(sat_sub(n, used), reset, w_end - t), early)
+end
+
+-- `c` permits admitted without Redis: counted in the window as admissions, past the count
+-- if need be (kept at most twice the count: past the count every request is refused alike).
+local function charge(c)
+  local t = math.max(now, last)
+  local w_end, used = window(t)
+  store(t, w_end, used, math.min(used + c, 2 * count))
 end

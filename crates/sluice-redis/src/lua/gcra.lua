@@ -27,3 +27,11 @@ local function decide(c)
   if c <= burst then retry = base + c * T - now - tolerance end
   return deny(remaining, debt, retry)
 end
+
+-- `c` permits admitted without Redis, counted as admitted now (past the tolerance if need be;
+-- TAT is kept within twice the tolerance ahead, so it stays exact).
+local function charge(c)
+  local new_tat = math.max(tat, math.min(math.max(tat, now) + c * T, now + 2 * tolerance))
+  redis.call('SET', key, num(new_tat))
+  expire(key, new_tat - now)
+end

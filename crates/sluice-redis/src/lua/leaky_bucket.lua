@@ -34,15 +34,23 @@ local cap = burst * period
 local function room(l) return idiv(sat_sub(cap, l), period) end
 local function drain_time(u) return cdiv(u, count) end
 
+local function store(after)
+  redis.call('HSET', key, 'v', num(after), 'u', num(period), 'l', num(t))
+  expire(key, drain_time(after) + early)
+end
+
 local function decide(c)
   if c == 0 then return late(allow(room(level), drain_time(level), nil), early) end
   if c > burst then return late(deny(room(level), drain_time(level), -1), early) end
   local after = level + c * period
   if after <= cap then
-    return late(allow(room(after), drain_time(after), function()
-      redis.call('HSET', key, 'v', num(after), 'u', num(period), 'l', num(t))
-      expire(key, drain_time(after) + early)
-    end), early)
+    return late(allow(room(after), drain_time(after), function() store(after) end), early)
   end
   return late(deny(room(level), drain_time(level), drain_time(after - cap)), early)
+end
+
+-- `c` permits admitted without Redis, poured in now (past the burst if need be; the level is
+-- kept within twice the burst, so it stays exact).
+local function charge(c)
+  store(math.max(level, math.min(level + c * period, 2 * cap)))
 end

@@ -4,7 +4,9 @@
 -- the caller's unit), 2 count, 3 period, 4 burst, 5 cost, 6 partial ("1": grant what is
 -- left when the whole cost is refused), 7 minimum TTL in ms, 8 time units per ms,
 -- 9 algorithm parameter (fixed window: 1 = windows opened by the first request; sliding
--- window: the number of sub-windows).
+-- window: the number of sub-windows), 10 permits to charge (absent or 0: decide; otherwise
+-- count that many permits the caller admitted without Redis, unconditionally, and decide
+-- nothing).
 --
 -- Lua numbers are doubles: integers are exact below 2^53 only. The Rust side checks that
 -- every value a script computes stays below that bound before it calls (see `exact.rs`),
@@ -17,6 +19,7 @@ local partial = ARGV[6] == '1'
 local min_ttl = tonumber(ARGV[7])
 local units_per_ms = tonumber(ARGV[8])
 local param = tonumber(ARGV[9])
+local charge_n = tonumber(ARGV[10]) or 0
 local now
 if ARGV[1] == 'server' then
   -- Redis server time, so the clients' clocks do not matter. Microseconds: a unix time in

@@ -28,22 +28,25 @@ if used > 0 then
   if #back > 0 then reset = newest_out(tonumber(back[2])) end
 end
 
+-- Logs `c` permits admitted at t (one entry: its running total says how many).
+local function store(c)
+  if cutoff ~= nil then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', num(cutoff))
+  end
+  local after = total + c
+  redis.call('ZADD', log, num(t), string.format('%016.0f', after))
+  redis.call('HSET', meta, 'b', num(before), 'c', num(after), 'l', num(t))
+  expire(log, t + period - now)
+  expire(meta, t + period - now)
+end
+
 local function decide(c)
   local n = count
   local remaining = sat_sub(n, used)
   if c == 0 then return late(allow(remaining, reset, nil), early) end
   if c > n then return late(deny(remaining, reset, -1), early) end
   if c <= remaining then
-    return late(allow(remaining - c, newest_out(t), function()
-      if cutoff ~= nil then
-        redis.call('ZREMRANGEBYSCORE', log, '-inf', num(cutoff))
-      end
-      local after = total + c
-      redis.call('ZADD', log, num(t), string.format('%016.0f', after))
-      redis.call('HSET', meta, 'b', num(before), 'c', num(after), 'l', num(t))
-      expire(log, t + period - now)
-      expire(meta, t + period - now)
-    end), early)
+    return late(allow(remaining - c, newest_out(t), function() store(c) end), early)
   end
   -- The first entry whose running total reaches total - (n - c) must leave first: binary
   -- search over the ranks (all entries kept, as sluice_limits searches its whole log).
@@ -63,4 +66,11 @@ local function decide(c)
   local retry = -1
   if at ~= nil then retry = newest_out(at) end
   return late(deny(remaining, reset, retry), early)
+end
+
+-- `c` permits admitted without Redis, logged as admitted at t (past the count if need be; the
+-- window is kept within twice the count).
+local function charge(c)
+  local add = math.min(c, sat_sub(2 * count, used))
+  if add > 0 then store(add) end
 end

@@ -48,37 +48,40 @@ local function reset(extra)
   return 0
 end
 
+-- Counts `c` permits in the newest sub-window (sliding the ring to it first).
+local function store(c)
+  local hk = head - idiv(head, k) * k
+  if same then
+    -- Slide the ring in place: clear the sub-windows between the old head and the new.
+    local stale = math.min(head - st_h, k)
+    for i = 0, stale - 1 do
+      local j = head - i
+      redis.call('HDEL', key, tostring(j - idiv(j, k) * k))
+    end
+    redis.call('HSET', key, 'w', num(width), 'h', num(head), 'k', num(k))
+  else
+    -- The width changed: re-cut the window as sluice_limits does.
+    local counts = {}
+    for s = 0, k - 1 do counts[s] = slot(s) end
+    redis.call('DEL', key)
+    redis.call('HSET', key, 'w', num(width), 'h', num(head), 'k', num(k))
+    for s = 0, k - 1 do
+      if counts[s] > 0 then
+        local j = hk + 1 + s
+        redis.call('HSET', key, tostring(j - idiv(j, k) * k), num(counts[s]))
+      end
+    end
+  end
+  redis.call('HINCRBY', key, tostring(hk), num(c))
+  expire(key, (head + k) * width - now)
+end
+
 local function decide(c)
   local n = count
   if c == 0 then return allow(sat_sub(n, sum), reset(0), nil) end
   if c > n then return deny(sat_sub(n, sum), reset(0), -1) end
   if sum + c <= n then
-    return allow(n - sum - c, reset(c), function()
-      local hk = head - idiv(head, k) * k
-      if same then
-        -- Slide the ring in place: clear the sub-windows between the old head and the new.
-        local stale = math.min(head - st_h, k)
-        for i = 0, stale - 1 do
-          local j = head - i
-          redis.call('HDEL', key, tostring(j - idiv(j, k) * k))
-        end
-        redis.call('HSET', key, 'w', num(width), 'h', num(head), 'k', num(k))
-      else
-        -- The width changed: re-cut the window as sluice_limits does.
-        local counts = {}
-        for s = 0, k - 1 do counts[s] = slot(s) end
-        redis.call('DEL', key)
-        redis.call('HSET', key, 'w', num(width), 'h', num(head), 'k', num(k))
-        for s = 0, k - 1 do
-          if counts[s] > 0 then
-            local j = hk + 1 + s
-            redis.call('HSET', key, tostring(j - idiv(j, k) * k), num(counts[s]))
-          end
-        end
-      end
-      redis.call('HINCRBY', key, tostring(hk), num(c))
-      expire(key, (head + k) * width - now)
-    end)
+    return allow(n - sum - c, reset(c), function() store(c) end)
   end
   local left = sum
   local retry = -1
@@ -90,4 +93,11 @@ local function decide(c)
     end
   end
   return deny(sat_sub(n, sum), reset(0), retry)
+end
+
+-- `c` permits admitted without Redis, counted as admitted now (past the count if need be; the
+-- window is kept within twice the count).
+local function charge(c)
+  local add = math.min(c, sat_sub(2 * count, sum))
+  if add > 0 then store(add) end
 end

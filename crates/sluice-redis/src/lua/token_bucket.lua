@@ -40,16 +40,33 @@ local function time_to(tk, cr, want)
   return cdiv((want - tk) * period - cr, count)
 end
 
+local function store(tk, cr, at, idle_in)
+  redis.call('HSET', key, 't', num(tk), 'c', num(cr), 'l', num(at))
+  expire(key, idle_in)
+end
+
 local function decide(c)
   if c == 0 then return late(allow(rt, time_to(rt, rc, burst), nil), early) end
   if c > burst then return late(deny(rt, time_to(rt, rc, burst), -1), early) end
   if rt >= c then
     local left = rt - c
     local full_in = time_to(left, rc, burst)
-    return late(allow(left, full_in, function()
-      redis.call('HSET', key, 't', num(left), 'c', num(rc), 'l', num(t))
-      expire(key, full_in + early)
-    end), early)
+    return late(allow(left, full_in, function() store(left, rc, t, full_in + early) end), early)
   end
   return late(deny(rt, time_to(rt, rc, burst), time_to(rt, rc, c)), early)
+end
+
+-- `c` permits admitted without Redis, taken now. Past the tokens held the bucket owes the
+-- rest: it is stored empty as of the time the debt is paid back (a time ahead reads as time
+-- gone back: the bucket decides as at that time), at most two bursts' refill ahead.
+local function charge(c)
+  if rt >= c then
+    local left = rt - c
+    store(left, rc, t, time_to(left, rc, burst) + early)
+    return
+  end
+  local full = time_to(0, 0, burst)
+  local owed = time_to(0, rc, math.min(c - rt, burst))
+  local paid = math.max(t, math.min(t + owed, now + 2 * full, 9007199254740991))
+  store(0, 0, paid, paid - now + full)
 end
