@@ -18,7 +18,9 @@
 //!   does not answer within the timeout decides locally — from its lease alone while the
 //!   lease lasts (its permits, at its rate), then with `1/N` of the limit on a state that
 //!   already counts what the node took from leases (seed 002 §4.4(4)) — probing one request
-//!   per 100 ms until a server grants again.
+//!   per 100 ms until a server grants again. What the share admits is owed: the key's next
+//!   grant request carries it ([`GrantRequest::charge`]) and the server counts it before it
+//!   grants, so a server that answers again does not grant the window a second time.
 //! - [`TokenServerNode`], the async server: the `POST /v1/token` endpoint ([`router`]) and
 //!   the watch over the servers ranked before it.
 //!
@@ -63,7 +65,7 @@ use hyper_util::rt::TokioIo;
 use sluice_limits::{
     Algorithm, AlgorithmKind, AnyAlgorithm, AnyState, Decision, Limit, Nanos, Options,
 };
-use sluice_redis::{ConsumptionRate, Share, Source};
+use sluice_redis::{ConsumptionRate, Debt, Share, Source};
 
 use crate::peer::{PeerKey, open, seal};
 
@@ -94,6 +96,11 @@ pub struct GrantRequest {
     pub want: u64,
     /// The request that needs them (the grant is at least this when it fits).
     pub cost: u64,
+    /// Permits the node admitted on its own (its fallback share) since its last grant that
+    /// still weigh (the current window, the last period, a bucket's drain): the server counts
+    /// them before it grants. Absent (0) from nodes that predate it.
+    #[serde(default)]
+    pub charge: u64,
 }
 
 /// What a node sends a token server.
@@ -169,6 +176,9 @@ impl Default for GrantConfig {
 struct KeyState {
     state: AnyState,
     limit: Limit,
+    /// Charged permits the state could not hold (an in-memory state stops at its limit):
+    /// taken off what is left while they still weigh, so no grant lands on them.
+    overflow: Debt,
 }
 
 /// The central state of one active token server (see the module documentation).
@@ -207,6 +217,25 @@ fn available(alg: &AnyAlgorithm, state: &AnyState, limit: &Limit, now: Nanos) ->
     }
 }
 
+/// Counts `n` permits admitted elsewhere on `state`, as far as it holds them; returns how
+/// many it held.
+fn take_what_fits(
+    alg: &AnyAlgorithm,
+    state: &mut AnyState,
+    limit: &Limit,
+    now: Nanos,
+    n: u64,
+) -> u64 {
+    if n == 0 || alg.check(state, limit, now, n).allowed {
+        return n;
+    }
+    let fits = available(alg, state, limit, now).min(n);
+    if fits > 0 && alg.check(state, limit, now, fits).allowed {
+        return fits;
+    }
+    0
+}
+
 impl TokenServer {
     /// A server that serves from `serving_from` on (its clock).
     #[must_use]
@@ -235,7 +264,10 @@ impl TokenServer {
         self.granted
     }
 
-    /// Answers a request for permits of `kind` under `limit` at `now`.
+    /// Answers a request for permits of `kind` under `limit` at `now`, after counting the
+    /// `charge` permits the node admitted on its own as admitted now, whatever the limit
+    /// says (what the state cannot hold is kept off the grants while it still weighs).
+    #[allow(clippy::too_many_arguments)]
     pub fn grant(
         &mut self,
         key: &str,
@@ -243,6 +275,7 @@ impl TokenServer {
         limit: &Limit,
         want: u64,
         cost: u64,
+        charge: u64,
         now: Nanos,
     ) -> Reply {
         if now < self.serving_from {
@@ -270,10 +303,16 @@ impl TokenServer {
                 KeyState {
                     state,
                     limit: *limit,
+                    overflow: Debt::new(),
                 }
             });
         entry.limit = *limit;
-        let left = available(alg, &entry.state, limit, now);
+        if charge > 0 {
+            let held = take_what_fits(alg, &mut entry.state, limit, now, charge);
+            entry.overflow.record(alg, limit, now, charge - held);
+        }
+        let left = available(alg, &entry.state, limit, now)
+            .saturating_sub(entry.overflow.due(alg, limit, now));
         let by_share = (left as f64 * self.config.share_of_remaining).floor() as u64;
         let size = want
             .min(self.config.max_batch)
@@ -315,9 +354,9 @@ impl TokenServer {
         let algorithms = &self.algorithms;
         self.states.retain(|(_, kind), s| {
             let index = kind.index();
-            algorithms
-                .get(index)
-                .is_some_and(|a| !a.is_idle(&s.state, &s.limit, now))
+            algorithms.get(index).is_some_and(|a| {
+                !a.is_idle(&s.state, &s.limit, now) || s.overflow.due(a, &s.limit, now) > 0
+            })
         });
         before - self.states.len()
     }
@@ -356,6 +395,10 @@ struct Lease {
     /// every permit admitted from leases (as far as it goes), and the fallback's limiter
     /// once the lease has expired — so a share used up from leases is not spent twice.
     share: Option<AnyState>,
+    /// What the share admitted that no server has counted yet.
+    debt: Debt,
+    /// The debt a request carries to a server now (at most one at a time per key).
+    charging: Option<Debt>,
 }
 
 /// What the lease says about a request.
@@ -456,7 +499,66 @@ impl LeaseBook {
         let state = lease
             .share
             .get_or_insert_with(|| alg.new_state(&share, now));
-        (alg.check(state, &share, now, cost), Source::Local)
+        let d = alg.check(state, &share, now, cost);
+        if d.allowed {
+            // No server knows of it: the next request for a grant carries it.
+            lease.debt.record(&alg, limit, now, cost);
+        }
+        (d, Source::Local)
+    }
+
+    /// The permits a request for a grant of the key carries ([`GrantRequest::charge`]): what
+    /// the share admitted that still weighs, taken out until [`LeaseBook::charged`] says how
+    /// the request went. `None` while another request carries the key's debt: the caller
+    /// decides locally ([`LeaseBook::fallback`]), so no grant is asked for before the server
+    /// has counted the key's local permits.
+    pub fn charge(
+        &mut self,
+        key: &str,
+        kind: AlgorithmKind,
+        limit: &Limit,
+        now: Nanos,
+    ) -> Option<u64> {
+        let lease = self.leases.entry((key.to_string(), kind)).or_default();
+        if lease.charging.is_some() {
+            return None;
+        }
+        let alg = AnyAlgorithm::new(kind, Options::default());
+        let due = lease.debt.due(&alg, limit, now);
+        if due == 0 {
+            lease.debt = Debt::new();
+        } else {
+            lease.charging = Some(lease.debt.take());
+        }
+        Some(due)
+    }
+
+    /// Ends the charge taken by [`LeaseBook::charge`]: counted by a server (`counted`), or
+    /// not known to be — then still owed (charging it again only over-counts).
+    pub fn charged(&mut self, key: &str, kind: AlgorithmKind, counted: bool) {
+        if let Some(lease) = self.leases.get_mut(&(key.to_string(), kind))
+            && let Some(owed) = lease.charging.take()
+            && !counted
+        {
+            lease.debt.restore(owed);
+        }
+    }
+
+    /// Whether a request carries the key's debt to a server now.
+    #[must_use]
+    pub fn charging(&self, key: &str, kind: AlgorithmKind) -> bool {
+        self.leases
+            .get(&(key.to_string(), kind))
+            .is_some_and(|l| l.charging.is_some())
+    }
+
+    /// What the key owes the servers at `now` (permits of its share no server counted yet).
+    #[must_use]
+    pub fn owed(&self, key: &str, kind: AlgorithmKind, limit: &Limit, now: Nanos) -> u64 {
+        let alg = AnyAlgorithm::new(kind, Options::default());
+        self.leases
+            .get(&(key.to_string(), kind))
+            .map_or(0, |l| l.debt.due(&alg, limit, now))
     }
 
     /// Whether the key holds an unexpired lease with permits left.
@@ -521,7 +623,10 @@ impl LeaseBook {
     /// Forgets leases idle since before `now - keep`.
     pub fn retain(&mut self, now: Nanos, keep: Nanos) {
         self.leases.retain(|_, l| {
-            now < l.expires.saturating_add(keep) || now < l.rate.since().saturating_add(keep)
+            now < l.expires.saturating_add(keep)
+                || now < l.rate.since().saturating_add(keep)
+                || !l.debt.is_empty()
+                || l.charging.is_some()
         });
     }
 }
@@ -539,13 +644,8 @@ fn take(
     lease.rate.used(cost);
     let alg = AnyAlgorithm::new(kind, Options::default());
     let state = lease.share.get_or_insert_with(|| alg.new_state(share, now));
-    if !alg.check(state, share, now, cost).allowed {
-        // More than the share from leases: the share is used up, no more.
-        let fits = available(&alg, state, share, now).min(cost);
-        if fits > 0 {
-            alg.check(state, share, now, fits);
-        }
-    }
+    // More than the share from leases: the share is used up, no more.
+    take_what_fits(&alg, state, share, now, cost);
     Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
 }
 
@@ -838,6 +938,23 @@ impl std::fmt::Debug for TokenClient {
     }
 }
 
+/// A key's debt on its way to a server: still owed if the request ends (or is dropped)
+/// without a grant.
+struct Owed<'a> {
+    book: &'a parking_lot::Mutex<LeaseBook>,
+    key: &'a str,
+    kind: AlgorithmKind,
+    counted: bool,
+}
+
+impl Drop for Owed<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            self.book.lock().charged(self.key, self.kind, false);
+        }
+    }
+}
+
 /// Marks the end of a probe when dropped.
 struct ProbeGuard<'a>(&'a AtomicBool);
 
@@ -930,21 +1047,37 @@ impl TokenClient {
             }
             Local::Ask(want) => want,
         };
-        let since = self.fallback_since.load(Ordering::Acquire);
+        let mut since = self.fallback_since.load(Ordering::Acquire);
         let _guard = if since != 0 {
             let probe = now >= self.next_probe.load(Ordering::Acquire)
                 && !self.probing.swap(true, Ordering::AcqRel);
-            if !probe {
-                return self.local(kind, key, limit, now, cost);
+            if probe {
+                self.next_probe.store(
+                    now.saturating_add(nanos(self.spec.probe_every)),
+                    Ordering::Release,
+                );
+                Some(ProbeGuard(&self.probing))
+            } else if let Some(out) = self.local_in_fallback(kind, key, limit, now, cost) {
+                return out;
+            } else {
+                // A server granted again meanwhile.
+                since = 0;
+                None
             }
-            self.next_probe.store(
-                now.saturating_add(nanos(self.spec.probe_every)),
-                Ordering::Release,
-            );
-            Some(ProbeGuard(&self.probing))
         } else {
             None
         };
+        // What the key's share admitted goes with the request, so the server counts it
+        // before it grants; while another request carries it, decide locally.
+        let Some(charge) = self.book.lock().charge(key, kind, limit, now) else {
+            return self.local(kind, key, limit, now, cost);
+        };
+        let mut owed = (charge > 0).then(|| Owed {
+            book: &self.book,
+            key,
+            kind,
+            counted: false,
+        });
         let n = self.spec.servers.len().max(1);
         let i = self.current.load(Ordering::Acquire) % n;
         let Some(server) = self.spec.servers.get(i) else {
@@ -958,6 +1091,7 @@ impl TokenClient {
             burst: limit.burst(),
             want,
             cost,
+            charge,
         });
         self.calls.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
@@ -986,6 +1120,9 @@ impl TokenClient {
             }) => {
                 self.granted.fetch_add(granted, Ordering::Relaxed);
                 self.central.fetch_add(1, Ordering::Relaxed);
+                // Under the book's lock: a local decision either comes before the switch (and
+                // is owed) or sees it.
+                let mut book = self.book.lock();
                 if since != 0
                     && let Ok(s) = self.fallback_since.compare_exchange(
                         since,
@@ -1001,7 +1138,12 @@ impl TokenClient {
                         "token server answers again: coordination: token-server rules are decided by its leases"
                     );
                 }
-                let d = self.book.lock().apply(
+                if let Some(o) = owed.as_mut() {
+                    // The server counted the charge with this grant.
+                    o.counted = true;
+                    book.charged(key, kind, true);
+                }
+                let d = book.apply(
                     key,
                     kind,
                     limit,
@@ -1015,6 +1157,8 @@ impl TokenClient {
                 (d, Source::Central)
             }
             other => {
+                // Not counted, as far as this node knows: still owed.
+                drop(owed);
                 let cause = match other {
                     Ok(Reply::Starting { serving_in }) => {
                         format!(
@@ -1074,6 +1218,29 @@ impl TokenClient {
                 self.local(kind, key, limit, now, cost)
             }
         }
+    }
+
+    /// In fallback, without a server ([`LeaseBook::fallback`]); `None` if a server granted
+    /// again meanwhile and no request carries the key's debt: the caller asks a server.
+    fn local_in_fallback(
+        &self,
+        kind: AlgorithmKind,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<(Decision, Source)> {
+        let mut book = self.book.lock();
+        if self.fallback_since.load(Ordering::Acquire) == 0 && !book.charging(key, kind) {
+            return None;
+        }
+        let (d, source) = book.fallback(key, kind, limit, now, cost);
+        drop(book);
+        match source {
+            Source::Central => self.central.fetch_add(1, Ordering::Relaxed),
+            Source::Local => self.local_decisions.fetch_add(1, Ordering::Relaxed),
+        };
+        Some((d, source))
     }
 
     fn changed(&self, now: Nanos) {
@@ -1271,7 +1438,7 @@ impl TokenServerNode {
                     );
                     match limit {
                         Some((kind, limit)) => {
-                            server.grant(&g.key, kind, &limit, g.want, g.cost, now)
+                            server.grant(&g.key, kind, &limit, g.want, g.cost, g.charge, now)
                         }
                         None => {
                             self.rejected.fetch_add(1, Ordering::Relaxed);
@@ -1425,7 +1592,7 @@ mod tests {
         let mut sizes = Vec::new();
         let t = 10 * S;
         loop {
-            match s.grant("k", AlgorithmKind::FixedWindow, &l, 1000, 1, t) {
+            match s.grant("k", AlgorithmKind::FixedWindow, &l, 1000, 1, 0, t) {
                 Reply::Grant { granted: 0, .. } => break,
                 Reply::Grant {
                     granted, valid_for, ..
@@ -1441,7 +1608,7 @@ mod tests {
         assert_eq!(&sizes[..3], &[50, 25, 12]);
         // The next window is fresh.
         assert!(matches!(
-            s.grant("k", AlgorithmKind::FixedWindow, &l, 10, 1, t + S),
+            s.grant("k", AlgorithmKind::FixedWindow, &l, 10, 1, 0, t + S),
             Reply::Grant { granted: 10, .. }
         ));
     }
@@ -1452,11 +1619,11 @@ mod tests {
         let mut s = TokenServer::new(GrantConfig::default(), start);
         let l = fw(100);
         assert_eq!(
-            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, start - 1),
+            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, 0, start - 1),
             Reply::Starting { serving_in: 1 }
         );
         assert!(matches!(
-            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, start),
+            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, 0, start),
             Reply::Grant {
                 granted: 0,
                 retry_after: Some(_),
@@ -1464,7 +1631,7 @@ mod tests {
             }
         ));
         assert!(matches!(
-            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, 11 * S),
+            s.grant("k", AlgorithmKind::FixedWindow, &l, 5, 1, 0, 11 * S),
             Reply::Grant { granted: 5, .. }
         ));
     }
@@ -1554,6 +1721,71 @@ mod tests {
     }
 
     #[test]
+    fn a_charge_is_counted_before_the_grant_and_what_the_state_cannot_hold_is_kept_off() {
+        let cfg = GrantConfig {
+            assume_predecessor_spent: false,
+            ..GrantConfig::default()
+        };
+        let mut s = TokenServer::new(cfg, 0);
+        let t = 10 * S;
+        let window = AlgorithmKind::FixedWindow;
+        let drain = |s: &mut TokenServer, kind, l: &Limit, now, charge| {
+            let mut total = 0;
+            let mut charge = charge;
+            while let Reply::Grant { granted, .. } = s.grant("k", kind, l, 1000, 1, charge, now) {
+                if granted == 0 {
+                    break;
+                }
+                total += granted;
+                charge = 0;
+            }
+            total
+        };
+        // 30 admitted locally by a node: the window grants the other 70.
+        assert_eq!(drain(&mut s, window, &fw(100), t, 30), 70);
+        // A sliding log: 80 granted, then a node charges 50 — the log holds 20 of them, the
+        // other 30 are kept off the grants while they weigh (a period).
+        let log = AlgorithmKind::SlidingLog;
+        let l = fw(100);
+        assert!(matches!(
+            s.grant("k", log, &l, 80, 80, 0, t),
+            Reply::Grant { granted: 80, .. }
+        ));
+        assert_eq!(drain(&mut s, log, &l, t + S / 2, 50), 0);
+        // At t + S the first 80 leave; 20 + 30 charged still weigh: 50 left, not 80.
+        assert_eq!(drain(&mut s, log, &l, t + S, 0), 50);
+    }
+
+    #[test]
+    fn the_share_owes_its_admissions_until_a_grant_counts_them() {
+        let mut b = LeaseBook::new(LeaseConfig::default()).with_nodes(2);
+        let (l, k) = (fw(100), AlgorithmKind::FixedWindow);
+        let t = 10 * S;
+        // No lease: the share decides, and owes what it admits.
+        let local = (0..60)
+            .filter(|_| b.fallback("k", k, &l, t, 1).0.allowed)
+            .count();
+        assert_eq!(local, 50);
+        assert_eq!(b.owed("k", k, &l, t + 1), 50);
+        // One request carries it; another meanwhile is told to decide locally.
+        assert_eq!(b.charge("k", k, &l, t + 1), Some(50));
+        assert!(b.charging("k", k));
+        assert_eq!(b.charge("k", k, &l, t + 1), None);
+        // Not counted (no grant): owed again, with nothing lost.
+        b.charged("k", k, false);
+        assert!(!b.charging("k", k));
+        assert_eq!(b.owed("k", k, &l, t + 2), 50);
+        // Counted: nothing owed.
+        assert_eq!(b.charge("k", k, &l, t + 2), Some(50));
+        b.charged("k", k, true);
+        assert_eq!(b.owed("k", k, &l, t + 3), 0);
+        assert_eq!(b.charge("k", k, &l, t + 3), Some(0));
+        // The next window owes nothing for the last one.
+        b.fallback("k", k, &l, t + S / 2, 1);
+        assert_eq!(b.owed("k", k, &l, t + S), 0);
+    }
+
+    #[test]
     fn server_lists_parse_in_order() {
         let s = parse_servers("0=127.0.0.1:1, 2=http://h:2/").unwrap();
         assert_eq!(
@@ -1621,7 +1853,7 @@ mod tests {
                                 Local::Decided(_) => break,
                                 Local::Ask(w) => {
                                     let Some(s) = server.as_mut() else { break };
-                                    match s.grant("k", algorithm, &l, w, 1, now) {
+                                    match s.grant("k", algorithm, &l, w, 1, 0, now) {
                                         Reply::Grant { granted, valid_for, retry_after, .. } => {
                                             let d = b.apply("k", algorithm, &l, now, now, 1, granted, valid_for, retry_after);
                                             if !d.allowed { break; }

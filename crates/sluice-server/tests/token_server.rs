@@ -493,3 +493,135 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
         assert_eq!(t["transitions"], 2, "{v}");
     }
 }
+
+/// A TCP relay to `target` that can cut every connection through it (and refuse new ones)
+/// and heal: a partition between nodes and a token server that keeps its state.
+struct Relay {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(target: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut rx = rx.clone();
+                if *rx.borrow() {
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = rx.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, cut }
+    }
+
+    fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// Both nodes cut off from a token server (which keeps its state) 30 ms into a window, back
+/// 300 ms into the second window after: every admission counted per window, by node and
+/// source. Bounds (docs/PROTOCOL.md, 2 nodes, L = 100): node i admits at most
+/// max(leases, 50) in the window of the cut, the nodes 100 in the window spent in fallback,
+/// and in the window of the return L plus the local permits of at most one node — the one
+/// that had not charged the server when it made its last grant (without the charge:
+/// L + both nodes' local permits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_bounds() {
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    let (mut ls, servers) = listeners(1);
+    let server = Server::start(ls.remove(0), server_spec(&servers, 0));
+    let relay = Relay::start(servers[0].authority.clone()).await;
+    let through = [ServerAddr {
+        id: 0,
+        authority: relay.addr.to_string(),
+    }];
+    let clients: Vec<Arc<TokenClient>> = (0..2)
+        .map(|i| {
+            let mut c = ClientSpec::new(through.to_vec(), 100 + i, key(), 2);
+            c.timeout = TIMEOUT;
+            c.probe_every = Duration::from_millis(20);
+            Arc::new(TokenClient::new(c))
+        })
+        .collect();
+    server.serving().await;
+    // Start in a window after the one the server started in (counted as given out).
+    next_window().await;
+    next_window().await;
+    let until = Instant::now() + Duration::from_millis(4_600);
+    let load = {
+        let clients = clients.clone();
+        tokio::spawn(
+            async move { load_clients(&clients, 2, Duration::from_millis(1), until).await },
+        )
+    };
+    // 30 ms into the next window: cut; 300 ms into the second window after: heal.
+    next_window().await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    relay.cut(true);
+    let cut = now() / SECOND;
+    next_window().await;
+    next_window().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.cut(false);
+    let healed = now() / SECOND;
+    let log = load.await.unwrap();
+
+    // Per window: admissions by node, from leases and local.
+    let mut windows: BTreeMap<u64, [[u64; 2]; 2]> = BTreeMap::new();
+    for &(node, done, ok, source, _) in &log {
+        if ok {
+            let w = windows.entry(done / SECOND).or_default();
+            w[node][usize::from(source == Source::Local)] += 1;
+        }
+    }
+    let share = LIMIT / 2;
+    assert!(healed == cut + 2, "cut in {cut}, healed in {healed}");
+    for (w, n) in &windows {
+        let leased = n[0][0] + n[1][0];
+        let local = [n[0][1], n[1][1]];
+        let total = leased + local[0] + local[1];
+        assert!(leased <= LIMIT, "window {w}: {windows:?}");
+        if *w == cut {
+            for (node, [a, l]) in n.iter().enumerate() {
+                assert!(a + l <= (*a).max(share), "node {node} in {w}: {windows:?}");
+            }
+        } else if *w == cut + 1 {
+            assert!(leased == 0 && total <= LIMIT, "window {w}: {windows:?}");
+        } else if *w == healed {
+            // Both nodes decided locally, then took leases again.
+            assert!(local[0] > 0 && local[1] > 0 && leased > 0, "{windows:?}");
+            let bound = LIMIT + local[0].max(local[1]);
+            assert!(
+                total <= bound,
+                "window {w}: {total} admitted, bound {bound}: {windows:?}"
+            );
+        } else {
+            assert!(total <= LIMIT, "window {w}: {windows:?}");
+        }
+    }
+    let slowest = log.iter().map(|l| l.4).max().unwrap();
+    assert!(
+        slowest <= TIMEOUT + Duration::from_millis(150),
+        "a decision took {slowest:?}"
+    );
+    for c in &clients {
+        let s = c.status();
+        assert_eq!(s.mode, TokenMode::Central, "{s:?}");
+        assert_eq!(s.transitions, 2, "to the fallback and back: {s:?}");
+    }
+    drop(server);
+}
