@@ -150,6 +150,12 @@ impl WarmUp {
         self.warmup
     }
 
+    /// How many times slower than the stable interval a cold key is served.
+    #[must_use]
+    pub fn cold_factor(&self) -> f64 {
+        self.cold_factor
+    }
+
     /// Coldness and next free instant after idling until `now` (Guava `resync`).
     fn resync(&self, state: &WarmUpState, now: Nanos) -> (f64, Nanos) {
         if now <= state.next_free {

@@ -129,7 +129,7 @@ impl BatchedStore {
         now: Nanos,
         cost: u64,
     ) -> Option<Decision> {
-        let id = (key.to_string(), Shape::of(alg).ok()?.kind);
+        let id = (key.to_string(), Shape::of(alg).kind);
         let mut leases = self.leases.lock();
         let lease = leases.get_mut(&id)?;
         if now >= lease.expires {
@@ -172,7 +172,7 @@ impl BatchedStore {
         probe: Option<u64>,
     ) -> Result<Decision, Error> {
         let force = probe.is_some();
-        let id = (key.to_string(), Shape::of(alg)?.kind);
+        let id = (key.to_string(), Shape::of(alg).kind);
         let wanted = {
             let mut leases = self.leases.lock();
             let lease = leases.entry(id.clone()).or_default();

@@ -13,9 +13,6 @@ pub enum Error {
     /// Redis did not answer within the configured timeout.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
-    /// The algorithm has no Redis script (warm-up keeps floating-point state).
-    #[error("the {0} algorithm has no Redis script")]
-    Unsupported(AlgorithmKind),
     /// A value the script would compute passes 2^53 and would lose precision in Lua's doubles.
     #[error(
         "{algorithm}: {what} passes 2^53 {unit} and cannot be computed exactly in a Redis script"
@@ -58,7 +55,7 @@ impl Error {
                         )
                     )
             }
-            Self::Unsupported(_) | Self::OutOfRange { .. } | Self::Reply(_) => false,
+            Self::OutOfRange { .. } | Self::Reply(_) => false,
         }
     }
 }

@@ -58,7 +58,10 @@
 //! token bucket needs `(burst + 2) × period < 2^53` units (in µs: up to 100,000 per day),
 //! the leaky bucket `(2 × burst + 1) × period < 2^53` (50,000 per day). GCRA, whose state
 //! is a time, needs only `now + (2 × burst + 1) × T < 2^53`. Every division in the scripts is corrected to the
-//! exact integer quotient.
+//! exact integer quotient. Warm-up keeps floating-point state: its script performs
+//! `sluice-limits`' operations in the same order on the same IEEE doubles and stores the
+//! stored fraction with 17 significant digits, which reads back as the same double; it
+//! needs `now + 4 × (⌈burst × cold interval⌉ + 1) + warm-up period < 2^53`.
 //!
 //! # Keys
 //!

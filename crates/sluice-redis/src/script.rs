@@ -24,7 +24,7 @@ macro_rules! script {
 
 /// One script per algorithm; `Script` keeps its SHA1, so calls are `EVALSHA`, and a
 /// `NOSCRIPT` answer (a restarted or flushed server, a new cluster node) loads it again.
-static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
+static SCRIPTS: LazyLock<[Script; 7]> = LazyLock::new(|| {
     [
         Script::new(script!("fixed_window.lua")),
         Script::new(script!("sliding_window.lua")),
@@ -32,6 +32,7 @@ static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
         Script::new(script!("leaky_bucket.lua")),
         Script::new(script!("token_bucket.lua")),
         Script::new(script!("gcra.lua")),
+        Script::new(script!("warm_up.lua")),
     ]
 });
 
@@ -62,32 +63,44 @@ impl TimeSource {
     }
 }
 
-/// The algorithm a script implements, with its one parameter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The algorithm a script implements, with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Shape {
     pub(crate) kind: AlgorithmKind,
     index: usize,
+    /// The fixed window's alignment, the sliding window's sub-windows, the warm-up period
+    /// (in ns; in the call's unit once sent).
     param: u64,
+    /// The warm-up's cold factor (0 for the others).
+    factor: f64,
 }
 
 impl Shape {
-    /// The script for `alg`, or [`Error::Unsupported`].
-    pub(crate) fn of(alg: &AnyAlgorithm) -> Result<Self, Error> {
-        let (kind, index, param) = match alg {
+    /// The script for `alg`.
+    pub(crate) fn of(alg: &AnyAlgorithm) -> Self {
+        let (kind, index, param, factor) = match alg {
             AnyAlgorithm::FixedWindow(f) => match f.alignment() {
-                Alignment::Epoch => (AlgorithmKind::FixedWindow, 0, 0),
-                Alignment::FirstRequest => (AlgorithmKind::FixedWindowFirst, 0, 1),
+                Alignment::Epoch => (AlgorithmKind::FixedWindow, 0, 0, 0.0),
+                Alignment::FirstRequest => (AlgorithmKind::FixedWindowFirst, 0, 1, 0.0),
             },
-            AnyAlgorithm::SlidingWindow(s) => {
-                (AlgorithmKind::SlidingWindow, 1, u64::from(s.sub_windows()))
-            }
-            AnyAlgorithm::SlidingLog(_) => (AlgorithmKind::SlidingLog, 2, 0),
-            AnyAlgorithm::LeakyBucket(_) => (AlgorithmKind::LeakyBucket, 3, 0),
-            AnyAlgorithm::TokenBucket(_) => (AlgorithmKind::TokenBucket, 4, 0),
-            AnyAlgorithm::Gcra(_) => (AlgorithmKind::Gcra, 5, 0),
-            AnyAlgorithm::WarmUp(_) => return Err(Error::Unsupported(AlgorithmKind::WarmUp)),
+            AnyAlgorithm::SlidingWindow(s) => (
+                AlgorithmKind::SlidingWindow,
+                1,
+                u64::from(s.sub_windows()),
+                0.0,
+            ),
+            AnyAlgorithm::SlidingLog(_) => (AlgorithmKind::SlidingLog, 2, 0, 0.0),
+            AnyAlgorithm::LeakyBucket(_) => (AlgorithmKind::LeakyBucket, 3, 0, 0.0),
+            AnyAlgorithm::TokenBucket(_) => (AlgorithmKind::TokenBucket, 4, 0, 0.0),
+            AnyAlgorithm::Gcra(_) => (AlgorithmKind::Gcra, 5, 0, 0.0),
+            AnyAlgorithm::WarmUp(w) => (AlgorithmKind::WarmUp, 6, w.warmup(), w.cold_factor()),
         };
-        Ok(Self { kind, index, param })
+        Self {
+            kind,
+            index,
+            param,
+            factor,
+        }
     }
 
     pub(crate) fn script(&self) -> &'static Script {
@@ -122,10 +135,10 @@ pub(crate) fn hash_tag(key: &str) -> String {
 }
 
 /// Checks, before any request, that the scripts run `alg` under `limit` exactly with the
-/// time source `time`: [`Error::Unsupported`] for warm-up, [`Error::OutOfRange`] when a value
-/// a script computes could pass 2^53 in the unit of `time`. With [`TimeSource::Server`] this
-/// covers every time the server's clock gives until the year 2112; with
-/// [`TimeSource::Caller`] it checks the limit alone (times are checked per call).
+/// time source `time`: [`Error::OutOfRange`] when a value a script computes could pass 2^53
+/// in the unit of `time`. With [`TimeSource::Server`] this covers every time the server's
+/// clock gives until the year 2112; with [`TimeSource::Caller`] it checks the limit alone
+/// (times are checked per call).
 ///
 /// # Errors
 /// As above.
@@ -134,7 +147,7 @@ pub fn check_limit(alg: &AnyAlgorithm, limit: &Limit, time: TimeSource) -> Resul
 }
 
 /// The most a charge counts for `kind` under `limit`: the count for the windows, the burst
-/// for the buckets and GCRA. A node's share admits no more than that of what still weighs
+/// for the buckets, GCRA and warm-up. A node's share admits no more than that of what still weighs
 /// (its permits in the window, or the level its bucket holds), so capping loses nothing,
 /// and it keeps every value a script computes exact.
 #[must_use]
@@ -154,7 +167,7 @@ pub(crate) fn charge_cap(kind: AlgorithmKind, limit: &Limit) -> u64 {
 pub(crate) struct Call {
     pub(crate) shape: Shape,
     pub(crate) keys: Vec<String>,
-    pub(crate) args: [String; 10],
+    pub(crate) args: [String; 11],
     time: TimeSource,
 }
 
@@ -183,7 +196,7 @@ impl Call {
         min_ttl_ms: u64,
         charge: u64,
     ) -> Result<Self, Error> {
-        let shape = Shape::of(alg)?;
+        let shape = Shape::of(alg);
         let (now_arg, now_max, period, units_per_ms) = match time {
             TimeSource::Caller => (now.to_string(), u128::from(now), limit.period(), 1_000_000),
             // TIME in µs stays below 2^52 until the year 2112.
@@ -193,6 +206,11 @@ impl Call {
                 limit.period().div_ceil(1000).max(1),
                 1_000,
             ),
+        };
+        // The warm-up period in the call's unit, rounded up as periods are (never faster).
+        let param = match (shape.kind, time) {
+            (AlgorithmKind::WarmUp, TimeSource::Server) => shape.param.div_ceil(1000),
+            _ => shape.param,
         };
         let (count, burst) = (u128::from(limit.count()), u128::from(limit.burst()));
         let p = u128::from(period);
@@ -220,7 +238,18 @@ impl Call {
                 let t = p.div_ceil(count).max(1);
                 now_max + (2 * burst + 1) * t < EXACT
             }
-            AlgorithmKind::WarmUp => false,
+            AlgorithmKind::WarmUp => {
+                // A permit costs at most the cold interval, so one admission pays at most
+                // `burst × cold` ahead and a charge keeps the next free instant within twice
+                // that; the expiry adds the warm-up period. Computed as the script does.
+                let cold = (p as f64 / count as f64) * shape.factor;
+                let most = (burst as f64 * cold).ceil();
+                let w = u128::from(param);
+                most.is_finite()
+                    && most < EXACT as f64
+                    && w < EXACT
+                    && now_max + 4 * (most as u128 + 1) + w + 2 < EXACT
+            }
         };
         if !ok {
             return fail("the state (time, or burst × period)");
@@ -237,8 +266,10 @@ impl Call {
             if partial { "1" } else { "0" }.to_string(),
             min_ttl_ms.to_string(),
             units_per_ms.to_string(),
-            shape.param.to_string(),
+            param.to_string(),
             charge.min(charge_cap(shape.kind, limit)).to_string(),
+            // Shortest digits that read back as the same double (Lua's tonumber is strtod).
+            format!("{:e}", shape.factor),
         ];
         Ok(Self {
             shape,
@@ -288,7 +319,7 @@ mod tests {
         assert_eq!(hash_tag("a}b"), "~617d62");
         assert_eq!(hash_tag("~x"), "~7e78");
         assert_eq!(hash_tag(""), "~");
-        let shape = Shape::of(&AnyAlgorithm::SlidingLog(sluice_limits::SlidingLog)).unwrap();
+        let shape = Shape::of(&AnyAlgorithm::SlidingLog(sluice_limits::SlidingLog));
         assert_eq!(
             shape.keys("sluice:", "k"),
             ["sluice:{k}:sliding-log:log", "sluice:{k}:sliding-log:meta"]
@@ -314,10 +345,12 @@ mod tests {
         assert!(ok(&alg, "100000/1d"));
         let leaky = AnyAlgorithm::LeakyBucket(sluice_limits::LeakyBucket);
         assert!(ok(&leaky, "50000/1d") && !ok(&leaky, "100000/1d"));
+        // Warm-up: a burst at the cold interval ahead of the time, plus the warm-up period.
         let warm = AnyAlgorithm::new(AlgorithmKind::WarmUp, sluice_limits::Options::default());
-        assert!(matches!(
-            Call::new(&warm, "", "k", &day, TimeSource::Server, 0, 1, false, 0, 0),
-            Err(Error::Unsupported(_))
-        ));
+        assert!(ok(&warm, "1000000/1d"));
+        let huge = AnyAlgorithm::WarmUp(sluice_limits::WarmUp::new(1, 1e300).unwrap());
+        assert!(!ok(&huge, "1/1s"));
+        let long = AnyAlgorithm::WarmUp(sluice_limits::WarmUp::guava(u64::MAX));
+        assert!(!ok(&long, "1/1s"));
     }
 }

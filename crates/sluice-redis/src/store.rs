@@ -126,8 +126,8 @@ impl RedisStore {
     ///
     /// # Errors
     /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer (see
-    /// [`Error::is_unavailable`]); [`Error::Unsupported`] or [`Error::OutOfRange`] for an
-    /// algorithm or limit the scripts cannot run exactly.
+    /// [`Error::is_unavailable`]); [`Error::OutOfRange`] for a limit the scripts cannot run
+    /// exactly.
     pub async fn check(
         &self,
         alg: &AnyAlgorithm,
@@ -180,8 +180,8 @@ impl RedisStore {
     /// Counts `n` permits of `key` that were admitted without Redis (a fallback's local
     /// decisions) as admitted now, whatever the limit says: the algorithm's state takes
     /// them as it takes admissions, past the limit if need be (the count for the windows,
-    /// a level or a time ahead for the buckets and GCRA; at most the count (windows) or the
-    /// burst (buckets) per call, within twice the limit in all). Nothing is decided.
+    /// a level or a time ahead for the buckets, GCRA and warm-up; at most the count (windows)
+    /// or the burst (the others) per call, within twice the limit in all). Nothing is decided.
     ///
     /// # Errors
     /// As [`RedisStore::check`]. A time out says nothing of whether the charge was counted.

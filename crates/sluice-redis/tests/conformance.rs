@@ -11,21 +11,34 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Options};
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Options, WarmUp};
 use sluice_redis::{Backend, MemoryStore, RedisConfig, RedisStore};
 use support::RedisServer;
 
-/// Every algorithm the Redis backend implements, with small parameters.
+/// Every algorithm, in the order of `AlgorithmKind::ALL`, with small parameters.
 fn algorithms(sub_windows: u32) -> Vec<AnyAlgorithm> {
+    with_warm_up(sub_windows, WarmUp::guava(200_000))
+}
+
+fn with_warm_up(sub_windows: u32, warm_up: WarmUp) -> Vec<AnyAlgorithm> {
     let options = Options {
         sub_windows,
-        ..Options::default()
+        warm_up,
     };
     AlgorithmKind::ALL
         .into_iter()
-        .filter(|&k| k != AlgorithmKind::WarmUp)
         .map(|k| AnyAlgorithm::new(k, options))
         .collect()
+}
+
+/// A warm-up at the scale of the traces: no ramp, Guava's, or any cold factor up to 20,
+/// over up to about a hundred periods of the limits below.
+fn warm_up() -> impl Strategy<Value = WarmUp> {
+    (
+        prop_oneof![1 => Just(0u64), 4 => 1u64..300_000_000],
+        prop_oneof![Just(1.0), Just(3.0), 1.0f64..20.0],
+    )
+        .prop_map(|(w, f)| WarmUp::new(w, f).unwrap())
 }
 
 fn unique_prefix() -> String {
@@ -197,9 +210,16 @@ fn redis_decides_as_sluice_limits_on_random_traces() {
         failure_persistence: None,
         ..Config::default()
     });
-    let strategy = (0usize..7, 1u32..=5, limit(), limit(), trace());
-    let result = runner.run(&strategy, |(which, k, first, second, steps)| {
-        let alg = algorithms(k)[which];
+    let strategy = (
+        0..AlgorithmKind::ALL.len(),
+        1u32..=5,
+        warm_up(),
+        limit(),
+        limit(),
+        trace(),
+    );
+    let result = runner.run(&strategy, |(which, k, w, first, second, steps)| {
+        let alg = with_warm_up(k, w)[which];
         let config = RedisConfig {
             prefix: unique_prefix(),
             timeout: std::time::Duration::from_secs(2),
@@ -239,6 +259,75 @@ fn redis_decides_as_sluice_limits_on_random_traces() {
     }
 }
 
+/// Warm-up's state is floating point: the script stores it so that it reads back as the same
+/// double, and computes it with the same operations in the same order, so after every
+/// request of a random trace the coldness Redis holds is `sluice-limits`' to the bit (the
+/// decisions alone, rounded up to whole ns, would hide a lost digit).
+#[test]
+fn warm_up_state_is_sluice_limits_to_the_bit() {
+    use sluice_limits::Algorithm;
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (warm_up(), limit(), limit(), trace());
+    let result = runner.run(&strategy, |(w, first, second, steps)| {
+        let prefix = unique_prefix();
+        let config = RedisConfig {
+            prefix: prefix.clone(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let alg = AnyAlgorithm::WarmUp(w);
+        rt.block_on(async {
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let mut state = w.new_state(&first, 0);
+            let mut now: u64 = 1_000_000;
+            let mut limit = first;
+            for (i, s) in steps.iter().enumerate() {
+                now = now.saturating_add_signed(s.dt);
+                if s.switch {
+                    limit = second;
+                }
+                let want = w.check(&mut state, &limit, now, s.cost);
+                let got = redis
+                    .check(&alg, "a", &limit, now, s.cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(got, want, "request {} ({:?})", i, s);
+                let stored: Option<String> = ::redis::cmd("HGET")
+                    .arg(format!("{prefix}{{a}}:warm-up"))
+                    .arg("c")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                let coldness = stored.map_or(1.0, |c| c.parse::<f64>().unwrap());
+                prop_assert_eq!(
+                    coldness.to_bits(),
+                    state.coldness().to_bits(),
+                    "request {} ({:?}): {} in Redis, {} in memory",
+                    i,
+                    s,
+                    coldness,
+                    state.coldness()
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// Charges (a fallback's local admissions, counted when Redis answers again) that the limit
 /// holds change Redis' state exactly as admissions do: random traces in which some requests
 /// are admitted in memory and only charged to Redis decide alike afterwards.
@@ -255,9 +344,16 @@ fn a_charge_that_fits_is_counted_as_an_admission() {
         ..Config::default()
     });
     let charged = proptest::collection::vec(proptest::bool::weighted(0.3), 120);
-    let strategy = (0usize..6, 1u32..=5, limit(), trace(), charged);
-    let result = runner.run(&strategy, |(which, k, limit, steps, charged)| {
-        let alg = algorithms(k)[which];
+    let strategy = (
+        0..AlgorithmKind::ALL.len(),
+        1u32..=5,
+        warm_up(),
+        limit(),
+        trace(),
+        charged,
+    );
+    let result = runner.run(&strategy, |(which, k, w, limit, steps, charged)| {
+        let alg = with_warm_up(k, w)[which];
         let config = RedisConfig {
             prefix: unique_prefix(),
             timeout: std::time::Duration::from_secs(2),
@@ -271,14 +367,14 @@ fn a_charge_that_fits_is_counted_as_an_admission() {
                 now = now.saturating_add_signed(s.dt);
                 let key = if s.key == 0 { "a" } else { "b" };
                 let want: Decision = memory.check(&alg, key, &limit, now, s.cost).await.unwrap();
-                if *charge && s.cost > 0 {
-                    // Admitted elsewhere (in memory here): Redis is charged with it.
-                    if want.allowed {
-                        redis
-                            .charge(&alg, key, &limit, now, s.cost)
-                            .await
-                            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
-                    }
+                if *charge && s.cost > 0 && want.allowed {
+                    // Admitted elsewhere (in memory here): Redis is charged with it. A refused
+                    // one is decided by Redis too: a key's first request, even refused, starts
+                    // its state (the token bucket's refill clock), in memory as in Redis.
+                    redis
+                        .charge(&alg, key, &limit, now, s.cost)
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
                     continue;
                 }
                 let got = redis
@@ -367,4 +463,14 @@ async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
     charge(sw, 0, 10).await;
     assert!(!ok(sw, 999, 1).await);
     assert!(ok(sw, 1000, 10).await);
+
+    // Warm-up without a ramp and a cold factor of 1: a burst costs 1000; three charged
+    // push the next free instant to 2000, then to its reach, 2 × (1000 + 1) ahead.
+    let flat = AnyAlgorithm::WarmUp(WarmUp::new(0, 1.0).unwrap());
+    for _ in 0..3 {
+        redis.charge(&flat, "k", &l, 0, 10).await.unwrap();
+    }
+    let d = redis.check(&flat, "k", &l, 2001, 1).await.unwrap();
+    assert_eq!((d.allowed, d.retry_after), (false, Some(1)));
+    assert!(redis.check(&flat, "k", &l, 2002, 1).await.unwrap().allowed);
 }

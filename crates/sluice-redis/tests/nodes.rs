@@ -185,6 +185,30 @@ async fn server_time_ignores_the_callers_clock() {
     store.ping().await.unwrap();
 }
 
+/// Warm-up on the server's clock (µs): a cold key's first permit costs the first step of the
+/// ramp (10/s, Guava's factor 3 over 1 s: stored permits 10, threshold 5, so the permit taken
+/// at 10 costs (300 + 260) / 2 = 280 ms), the next request waits for it, in whole µs, and a
+/// second node sees the same state.
+#[tokio::test]
+async fn warm_up_runs_on_server_time() {
+    let server = RedisServer::start();
+    let nodes = [
+        RedisStore::new(&server.url(), config("w:")).unwrap(),
+        RedisStore::new(&server.url(), config("w:")).unwrap(),
+    ];
+    let alg = AnyAlgorithm::new(AlgorithmKind::WarmUp, Options::default());
+    let limit: Limit = "10/1s".parse().unwrap();
+    let d = nodes[0].check(&alg, "k", &limit, 0, 1).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.reset_after, 280_000_000);
+    let d = nodes[1].check(&alg, "k", &limit, 0, 1).await.unwrap();
+    assert!(!d.allowed);
+    let retry = d.retry_after.unwrap();
+    // Less whatever time passed between the two calls (well under a second here).
+    assert!(retry > 0 && retry <= 280_000_000, "{retry}");
+    assert_eq!(retry % 1000, 0, "whole microseconds");
+}
+
 /// Batched mode on one node: batches grow (slow start) up to `max_batch`, then never take
 /// more than half of what Redis said was left, so they shrink with the quota down to one
 /// permit; every permit of the limit is given out, none more.

@@ -347,10 +347,6 @@ pub enum ConfigErrorKind {
         "coordination {0:?} is not supported yet (expected local, cluster, redis or token-server)"
     )]
     CoordinationNotSupported(String),
-    /// `coordination: redis` with an algorithm the Redis scripts do not run (warm-up keeps
-    /// floating-point state).
-    #[error("`coordination: redis` does not support algorithm {0} (every other algorithm works)")]
-    RedisAlgorithm(AlgorithmKind),
     /// `coordination: redis` with a limit the Redis scripts cannot compute exactly in Lua's
     /// doubles.
     #[error("`coordination: redis` cannot run this limit exactly: {0}")]

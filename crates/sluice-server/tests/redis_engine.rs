@@ -289,3 +289,35 @@ fn a_redis_rule_without_redis_decides_locally_with_the_whole_limit() {
     assert_eq!(ok, 100);
     assert!(e.central_status().is_none());
 }
+
+/// A warm-up rule runs in Redis too (it was refused at load before its script existed): two
+/// engines share its state, so the permit one admits on a cold key is paid forward for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_rule_shares_its_state_through_redis() {
+    const WARM: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: { unit: second, requests_per_unit: 10, algorithm: warm-up, coordination: redis }
+";
+    let redis = RedisServer::start();
+    let nodes: Vec<Arc<Engine>> = (0..2)
+        .map(|_| {
+            let e = Engine::new(Config::from_yaml("rules.yaml", WARM).unwrap());
+            let c = central::connect(&redis.url(), RedisMode::Exact, Duration::from_secs(2), 2);
+            assert!(e.attach_redis(c.unwrap()));
+            Arc::new(e)
+        })
+        .collect();
+    let r = req("grace");
+    let first = nodes[0].should_rate_limit_async(now(), &r).await.unwrap();
+    assert_eq!(first.overall_code, Code::Ok);
+    // A cold key's first permit costs 280 ms (10/s, Guava's ramp over 1 s): the other node
+    // is refused meanwhile, by Redis.
+    let second = nodes[1].should_rate_limit_async(now(), &r).await.unwrap();
+    assert_eq!(second.overall_code, Code::OverLimit, "{second:?}");
+    for n in &nodes {
+        let s = n.central_status().unwrap();
+        assert_eq!((s.mode, s.decisions_local), (CentralMode::Central, 0));
+    }
+}

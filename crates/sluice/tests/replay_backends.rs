@@ -1,6 +1,6 @@
 //! Issue 5: one conformance suite for the in-memory and the Redis implementations, end to
 //! end through the binary. `sluice replay --backend redis://…` must write exactly the bytes
-//! `--backend memory` writes, for every algorithm Redis has a script for, on the example
+//! `--backend memory` writes, for every algorithm (each has a Redis script), on the example
 //! traces in `tests/traces/` (the README's, the CLI test's two keys, and a bursty
 //! three-key trace with same-instant requests, zero costs and costs above the limit).
 //!
@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The algorithms with a Redis script: all but warm-up (floating-point state).
-const REDIS_ALGORITHMS: [&str; 7] = [
+/// Every `--algorithm` value; each has a Redis script.
+const REDIS_ALGORITHMS: [&str; 8] = [
     "fixed-window",
     "fixed-window-first",
     "sliding-window",
@@ -23,6 +23,7 @@ const REDIS_ALGORITHMS: [&str; 7] = [
     "leaky-bucket",
     "token-bucket",
     "gcra",
+    "warm-up",
 ];
 
 /// One `redis-server`, killed when dropped.
@@ -144,10 +145,20 @@ fn redis_writes_the_bytes_memory_writes() {
     };
     let url = redis.url();
     // Two limits: one the README uses (tight, refusals and "never"), one with a burst
-    // above the rate and sub-windows that do not divide evenly.
+    // above the rate, sub-windows that do not divide evenly and a warm-up shorter than the
+    // default (its floating-point ramp is neither trivial nor a whole number of periods).
     let limits: [&[&str]; 2] = [
         &["--limit", "2/1s"],
-        &["--limit", "7/300ms", "--burst", "10", "--sub-windows", "3"],
+        &[
+            "--limit",
+            "7/300ms",
+            "--burst",
+            "10",
+            "--sub-windows",
+            "3",
+            "--warm-up",
+            "700ms",
+        ],
     ];
     let mut compared = 0;
     let mut refused = 0;
@@ -216,22 +227,33 @@ fn redis_state_is_per_prefix_and_the_default_prefix_is_fresh() {
 fn what_redis_cannot_run_is_a_clear_error() {
     let trace = traces()[0].clone();
     let trace = trace.to_str().unwrap();
-    // warm-up has no Redis script: refused before connecting, so no server is needed.
-    let out = sluice(&[
-        "replay",
-        "--algorithm",
-        "warm-up",
-        "--limit",
-        "2/1s",
-        "--trace",
-        trace,
-        "--backend",
-        "redis://127.0.0.1:1/",
-    ]);
-    assert!(!out.status.success());
-    let e = String::from_utf8(out.stderr).unwrap();
-    assert!(e.contains("warm-up algorithm has no Redis script"), "{e}");
-    assert!(out.stdout.is_empty());
+    // What Lua's doubles cannot compute exactly is refused before connecting, so no server
+    // is needed: a token bucket of a million per day in ns, a warm-up whose cold interval
+    // puts a burst past 2^53 ns.
+    for (alg, limit) in [("token-bucket", "1000000/1d"), ("warm-up", "1/1d")] {
+        let out = sluice(&[
+            "replay",
+            "--algorithm",
+            alg,
+            "--limit",
+            limit,
+            "--burst",
+            "100000",
+            "--trace",
+            trace,
+            "--backend",
+            "redis://127.0.0.1:1/",
+        ]);
+        assert!(!out.status.success());
+        let e = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            e.contains(&format!(
+                "{alg}: the state (time, or burst × period) passes 2^53 ns"
+            )),
+            "{e}"
+        );
+        assert!(out.stdout.is_empty());
+    }
     // Nobody listens on port 1: a clear error, no rows.
     let out = sluice(&[
         "replay",

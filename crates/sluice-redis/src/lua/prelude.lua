@@ -6,10 +6,10 @@
 -- 9 algorithm parameter (fixed window: 1 = windows opened by the first request; sliding
 -- window: the number of sub-windows), 10 permits to charge (absent or 0: decide; otherwise
 -- count that many permits the caller admitted without Redis, unconditionally, and decide
--- nothing).
+-- nothing), 11 second algorithm parameter (warm-up: the cold factor; the others ignore it).
 --
 -- Lua numbers are doubles: integers are exact below 2^53 only. The Rust side checks that
--- every value a script computes stays below that bound before it calls (see `exact.rs`),
+-- every value a script computes stays below that bound before it calls (see `script.rs`),
 -- and every division below is corrected to the exact integer quotient.
 local count = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])

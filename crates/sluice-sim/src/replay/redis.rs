@@ -39,9 +39,8 @@ impl RedisReplay {
     /// give each replay its own, or a second replay starts from the first one's state.
     ///
     /// # Errors
-    /// [`ReplayError::Backend`] for an algorithm Redis has no script for (warm-up keeps
-    /// floating-point state), a limit whose arithmetic would pass 2^53 in Lua's doubles,
-    /// a bad URL, or a Redis that does not answer `PING`.
+    /// [`ReplayError::Backend`] for a limit whose arithmetic would pass 2^53 in Lua's
+    /// doubles, a bad URL, or a Redis that does not answer `PING`.
     pub fn connect(url: &str, config: &Replay, prefix: &str) -> Result<Self, ReplayError> {
         let backend = |e: sluice_redis::Error| ReplayError::Backend(Box::new(e));
         check_limit(&config.algorithm, &config.limit, TimeSource::Caller).map_err(backend)?;

@@ -46,7 +46,7 @@ pub(crate) struct Args {
     summary: bool,
     /// Who decides: `memory` (sluice-limits in this process) or `redis://HOST:PORT[/DB]`
     /// (the sluice-redis scripts on that server, with the trace's timestamps; every
-    /// algorithm but warm-up).
+    /// algorithm).
     #[arg(long, default_value = "memory", value_parser = backend)]
     backend: Backend,
     /// With a Redis backend: the prefix of every key it writes (default: one of its own per
