@@ -33,6 +33,20 @@ pub trait Algorithm {
     /// Decides as [`Algorithm::check`] would, without consuming anything.
     fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision;
 
+    /// Counts `n` permits admitted elsewhere (a node's fallback, a token client's share) as
+    /// admitted at `now`, whatever the limit says: nothing is decided.
+    ///
+    /// Exact where it fits: when a check of cost `n` at `now` would be admitted, the state
+    /// changes exactly as that check would change it (so does it when `n` one-permit checks
+    /// would all be admitted, for every algorithm but the warm-up, which admits one request
+    /// per free instant). Past the limit the state takes the excess as it takes admissions
+    /// (the window's count, a bucket's level, a time ahead), saturating: at most one limit's
+    /// worth per call (the count for the window algorithms, the burst for the others) and a
+    /// bounded state, about twice the limit — each algorithm's `charge` says exactly where.
+    /// A charge never lowers what the state holds, and never panics. The Redis scripts of
+    /// `sluice-redis` charge exactly so.
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64);
+
     /// Whether `state` is, at `now`, indistinguishable from [`Algorithm::new_state`]: such a
     /// key can be evicted without changing any future decision.
     fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool;

@@ -225,7 +225,7 @@ macro_rules! dispatch {
 }
 
 /// A state of another algorithm is read as a fresh state of this one: `check` replaces it,
-/// `peek` decides as on a fresh state, `is_idle` says yes (nothing of this algorithm's is
+/// `peek` decides as on a fresh state, `charge` replaces it too, `is_idle` says yes (nothing of this algorithm's is
 /// lost by evicting it). So a mismatch never panics.
 impl Algorithm for AnyAlgorithm {
     type State = AnyState;
@@ -257,6 +257,13 @@ impl Algorithm for AnyAlgorithm {
 
     fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
         dispatch!(self, state, |a, s| a.is_idle(s, limit, now), true)
+    }
+
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        dispatch!(self, &mut *state, |a, s| a.charge(s, limit, now, n), {
+            *state = self.new_state(limit, now);
+            self.charge(state, limit, now, n);
+        })
     }
 }
 

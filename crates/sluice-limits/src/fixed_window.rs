@@ -184,6 +184,23 @@ impl Algorithm for FixedWindow {
     fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
         self.window(state, limit, now.max(state.last)).1 == 0
     }
+
+    /// Counts `min(n, count)` permits in the window of `now` (read as the latest time
+    /// seen), past the count if need be: the window holds at most `2·count`.
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        let count = limit.count();
+        let n = n.min(count);
+        if n == 0 {
+            return;
+        }
+        let now = now.max(state.last);
+        let (_, used) = self.window(state, limit, now);
+        *state = FixedWindowState {
+            start: if used == 0 { now } else { state.start },
+            last: now,
+            used: used.saturating_add(n).min(count.saturating_mul(2)),
+        };
+    }
 }
 
 #[cfg(test)]

@@ -300,6 +300,19 @@ impl Algorithm for Gcra {
     fn is_idle(&self, state: &GcraState, _limit: &Limit, now: Nanos) -> bool {
         state.tat <= now
     }
+
+    /// Pushes TAT forward by `min(n, burst)` emission intervals from `max(TAT, now)`, past
+    /// the tolerance if need be: TAT stays within `now + 2·burst·T` (never moved back).
+    fn charge(&self, state: &mut GcraState, limit: &Limit, now: Nanos, n: u64) {
+        let p = GcraLimit::for_one_call(limit);
+        let n = n.min(p.burst);
+        if n == 0 {
+            return;
+        }
+        let ahead = state.tat.max(now).saturating_add(n.saturating_mul(p.t));
+        let reach = now.saturating_add(p.tolerance.saturating_mul(2));
+        state.tat = state.tat.max(ahead.min(reach));
+    }
 }
 
 #[cfg(test)]

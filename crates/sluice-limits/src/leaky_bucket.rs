@@ -237,6 +237,24 @@ impl Algorithm for LeakyBucket {
     fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
         leaked(state, limit, now).0 == 0
     }
+
+    /// Pours `min(n, burst)` permits in at `now` (read as the latest time seen), past the
+    /// burst if need be: the level stays within `2·burst` (never lowered).
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        let n = n.min(limit.burst());
+        if n == 0 {
+            return;
+        }
+        let (level, now) = leaked(state, limit, now);
+        let unit = u128::from(limit.period());
+        let cap = u128::from(limit.burst()) * unit;
+        let poured = level.saturating_add(u128::from(n) * unit);
+        *state = LeakyState {
+            level: level.max(poured.min(cap.saturating_mul(2))),
+            unit: limit.period(),
+            last: now,
+        };
+    }
 }
 
 impl Shaper {

@@ -138,6 +138,26 @@ impl SlidingLog {
     }
 }
 
+/// Drops the `live` entries that left the window and logs `cost` at `now`.
+fn log(state: &mut SlidingLogState, live: usize, now: Nanos, cost: u64) {
+    if live > 0 {
+        state.base = state.entries[live - 1].1;
+        state.entries.drain(..live);
+    }
+    match state.entries.back_mut() {
+        Some((t, c)) if *t == now => *c = c.wrapping_add(cost),
+        back => {
+            let cum = back.map_or(state.base, |&mut (_, c)| c).wrapping_add(cost);
+            state.entries.push_back((now, cum));
+        }
+    }
+    state.last = now;
+    // Give memory back after a limit shrank or traffic calmed down.
+    if state.entries.capacity() > 64 && state.entries.len() < state.entries.capacity() / 4 {
+        state.entries.shrink_to(state.entries.len() * 2);
+    }
+}
+
 impl Algorithm for SlidingLog {
     type State = SlidingLogState;
 
@@ -148,24 +168,24 @@ impl Algorithm for SlidingLog {
     fn check(&self, state: &mut Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         let (decision, live, now) = self.decide(state, limit, now, cost);
         if decision.allowed && cost > 0 {
-            if live > 0 {
-                state.base = state.entries[live - 1].1;
-                state.entries.drain(..live);
-            }
-            match state.entries.back_mut() {
-                Some((t, c)) if *t == now => *c = c.wrapping_add(cost),
-                back => {
-                    let cum = back.map_or(state.base, |&mut (_, c)| c).wrapping_add(cost);
-                    state.entries.push_back((now, cum));
-                }
-            }
-            state.last = now;
-            // Give memory back after a limit shrank or traffic calmed down.
-            if state.entries.capacity() > 64 && state.entries.len() < state.entries.capacity() / 4 {
-                state.entries.shrink_to(state.entries.len() * 2);
-            }
+            log(state, live, now, cost);
         }
         decision
+    }
+
+    /// Logs `min(n, count)` permits at `now` (read as the latest time seen), past the count
+    /// if need be: the window holds at most `2·count`.
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        let count = limit.count();
+        let now = now.max(state.last);
+        let live = state.first_live(limit.period(), now);
+        let used = state.sum_from(live);
+        let add = n
+            .min(count)
+            .min(count.saturating_mul(2).saturating_sub(used));
+        if add > 0 {
+            log(state, live, now, add);
+        }
     }
 
     fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {

@@ -213,9 +213,45 @@ impl Algorithm for SlidingWindow {
 
     fn check(&self, state: &mut Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         let (decision, admitted) = self.decide(state, limit, now, cost);
-        let Some(head) = admitted else {
-            return decision;
-        };
+        if let Some(head) = admitted {
+            self.record(state, limit, now, head, cost);
+        }
+        decision
+    }
+
+    fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        self.decide(state, limit, now, cost).0
+    }
+
+    fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
+        self.view(state, limit, now).sum() == 0
+    }
+
+    /// Counts `min(n, count)` permits in the current sub-window (the latest seen if time
+    /// went back), past the count if need be: the window holds at most `2·count`.
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        let count = limit.count();
+        let view = self.view(state, limit, now);
+        let (head, sum) = (view.head, view.sum());
+        let add = n
+            .min(count)
+            .min(count.saturating_mul(2).saturating_sub(sum));
+        if add > 0 {
+            self.record(state, limit, now, head, add);
+        }
+    }
+}
+
+impl SlidingWindow {
+    /// Counts `cost` in sub-window `head` (the view's current one), sliding the ring to it.
+    fn record(
+        &self,
+        state: &mut SlidingWindowState,
+        limit: &Limit,
+        now: Nanos,
+        head: u64,
+        cost: u64,
+    ) {
         let k = self.k();
         let width = self.width(limit);
         if state.counts.len() as u64 == k && state.width == width {
@@ -238,15 +274,6 @@ impl Algorithm for SlidingWindow {
         state.head = head;
         let slot = &mut state.counts[(head % k) as usize];
         *slot = slot.saturating_add(cost);
-        decision
-    }
-
-    fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
-        self.decide(state, limit, now, cost).0
-    }
-
-    fn is_idle(&self, state: &Self::State, limit: &Limit, now: Nanos) -> bool {
-        self.view(state, limit, now).sum() == 0
     }
 }
 

@@ -403,6 +403,39 @@ impl Algorithm for TokenBucket {
     fn is_idle(&self, state: &TokenBucketState, limit: &Limit, now: Nanos) -> bool {
         refill(state, &TokenBucketLimit::for_one_call(limit), now).tokens >= limit.burst()
     }
+
+    /// Takes `min(n, burst)` tokens at `now` (read as the latest time seen). Past the tokens
+    /// held the bucket owes the rest: it is stored empty as of the time the rest has refilled
+    /// (a time ahead, which later calls read as the bucket's latest time), at most the time
+    /// two full refills take ahead of `now`.
+    fn charge(&self, state: &mut TokenBucketState, limit: &Limit, now: Nanos, n: u64) {
+        let p = TokenBucketLimit::for_one_call(limit);
+        let n = n.min(p.burst);
+        if n == 0 {
+            return;
+        }
+        let r = refill(state, &p, now);
+        if r.tokens >= n {
+            *state = TokenBucketState {
+                tokens: r.tokens - n,
+                ..r
+            };
+            return;
+        }
+        let empty = |credit| TokenBucketState {
+            tokens: 0,
+            credit,
+            last: r.last,
+        };
+        let full = time_to(&empty(0), &p, p.burst);
+        let owed = time_to(&empty(r.credit), &p, (n - r.tokens).min(p.burst));
+        let paid = r.last.saturating_add(owed);
+        let reach = now.saturating_add(full.saturating_mul(2));
+        *state = TokenBucketState {
+            last: r.last.max(paid.min(reach)),
+            ..empty(0)
+        };
+    }
 }
 
 #[cfg(test)]

@@ -73,6 +73,7 @@ impl WarmUpState {
 /// Guava's curve for one limit.
 struct Curve {
     stable: f64,
+    cold: f64,
     threshold: f64,
     max: f64,
     slope: f64,
@@ -93,6 +94,7 @@ impl Curve {
         };
         Self {
             stable,
+            cold,
             threshold,
             max,
             slope,
@@ -102,6 +104,15 @@ impl Curve {
     /// Interval of the permit at stored level `x`.
     fn interval(&self, x: f64) -> f64 {
         self.stable + x * self.slope
+    }
+
+    /// Stored permits left, as a fraction of the maximum, after taking `take` from `stored`.
+    fn left(&self, stored: f64, take: f64) -> f64 {
+        if self.max > 0.0 {
+            ((stored - take).max(0.0) / self.max).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
     }
 
     /// Guava `storedPermitsToWaitTime` plus the fresh permits: the cost of taking `take`
@@ -216,14 +227,9 @@ impl WarmUp {
         let pay = curve.cost(stored, take).ceil().max(1.0);
         // `as` saturates for floats out of range.
         let next_free = now.saturating_add(pay as u64);
-        let left = if curve.max > 0.0 {
-            ((stored - take).max(0.0) / curve.max).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
         let next = WarmUpState {
             next_free,
-            coldness: left,
+            coldness: curve.left(stored, take),
             last: now,
         };
         let d = Decision::allow(
@@ -256,6 +262,33 @@ impl Algorithm for WarmUp {
 
     fn peek(&self, state: &Self::State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         self.decide(state, limit, now, cost).0
+    }
+
+    /// Takes `min(n, burst)` permits at `now` (read as the latest time seen) whether the key
+    /// is free or not: their cost is paid forward from the next free instant (and the stored
+    /// permits taken), which stays within `2·(⌈burst·cold⌉ + 1)` ns of `now` (`cold` the cold
+    /// interval; never moved back). Same floating-point operations as `check`.
+    fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
+        let n = n.min(limit.burst());
+        if n == 0 {
+            return;
+        }
+        let now = now.max(state.last);
+        let (coldness, next_free) = self.resync(state, now);
+        let curve = Curve::new(limit, self.warmup, self.cold_factor);
+        let stored = coldness * curve.max;
+        let take = n as f64;
+        let pay = curve.cost(stored, take).ceil().max(1.0);
+        let reach = 2.0 * ((limit.burst() as f64 * curve.cold).ceil() + 1.0);
+        // `as` saturates for floats out of range.
+        let ahead = next_free
+            .saturating_add(pay as u64)
+            .min(now.saturating_add(reach as u64));
+        *state = WarmUpState {
+            next_free: next_free.max(ahead),
+            coldness: curve.left(stored, take),
+            last: now,
+        };
     }
 
     fn is_idle(&self, state: &Self::State, _limit: &Limit, now: Nanos) -> bool {
