@@ -159,6 +159,16 @@ impl MemoryStore {
         keys.get_mut(key).map(f)
     }
 
+    /// Counts `n` permits admitted elsewhere as admitted at `now`, whatever the limit says
+    /// ([`Algorithm::charge`]): exactly as [`RedisStore::charge`] counts them.
+    pub fn charge(&self, alg: &AnyAlgorithm, key: &str, limit: &Limit, now: Nanos, n: u64) {
+        if n > 0 {
+            self.with_state(alg, key, limit, now, |state| {
+                alg.charge(state, limit, now, n);
+            });
+        }
+    }
+
     /// Number of keys held.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -184,7 +194,8 @@ impl Backend for MemoryStore {
         std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
     }
 
-    /// A state in memory cannot hold more than its limit: the charge counts what fits.
+    /// The charge is counted as Redis counts it ([`MemoryStore::charge`]), then the request
+    /// decided.
     fn probe(
         &self,
         alg: &AnyAlgorithm,
@@ -194,9 +205,7 @@ impl Backend for MemoryStore {
         cost: u64,
         charge: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        self.with_state(alg, key, limit, now, |state| {
-            take_what_fits(alg, state, limit, now, charge);
-        });
+        self.charge(alg, key, limit, now, charge);
         std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
     }
 }

@@ -391,8 +391,85 @@ fn a_charge_that_fits_is_counted_as_an_admission() {
     }
 }
 
+/// Unconditional charges, admitted or not, of any size (above the limit too), between
+/// requests: memory (`sluice-limits`' `charge`) and Redis (the scripts' charge step) count
+/// them alike, so every later decision is the same.
+#[test]
+fn memory_and_redis_charge_alike() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let charged = proptest::collection::vec(proptest::bool::weighted(0.3), 120);
+    let strategy = (
+        0..AlgorithmKind::ALL.len(),
+        1u32..=5,
+        warm_up(),
+        limit(),
+        limit(),
+        trace(),
+        charged,
+    );
+    let result = runner.run(&strategy, |(which, k, w, first, second, steps, charged)| {
+        let alg = with_warm_up(k, w)[which];
+        let config = RedisConfig {
+            prefix: unique_prefix(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let memory = MemoryStore::new();
+        rt.block_on(async {
+            let mut now: u64 = 1_000_000;
+            let mut limit = first;
+            for (i, (s, charge)) in steps.iter().zip(&charged).enumerate() {
+                now = now.saturating_add_signed(s.dt);
+                if s.switch {
+                    limit = second;
+                }
+                let key = if s.key == 0 { "a" } else { "b" };
+                if *charge {
+                    // Three times the cost: past the per-call cap and the saturation too.
+                    let n = s.cost * 3;
+                    memory.charge(&alg, key, &limit, now, n);
+                    redis
+                        .charge(&alg, key, &limit, now, n)
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                    continue;
+                }
+                let want = memory.check(&alg, key, &limit, now, s.cost).await.unwrap();
+                let got = redis
+                    .check(&alg, key, &limit, now, s.cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "request {} ({:?}) at {} under {}",
+                    i,
+                    s,
+                    now,
+                    limit
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// Charges past the limit are counted too (within twice the limit): every algorithm refuses
-/// until the excess has left the window or drained, not only until the limit would have.
+/// until the excess has left the window or drained, not only until the limit would have;
+/// memory charges and decides alike at every step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
     let server = RedisServer::start();
@@ -402,21 +479,23 @@ async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
         ..RedisConfig::caller_time()
     };
     let redis = RedisStore::new(&server.url(), config).unwrap();
+    let memory = MemoryStore::new();
     let l = Limit::from_nanos(10, 1000).unwrap();
     let alg = |k| AnyAlgorithm::new(k, Options::default());
     let ok = |k: AlgorithmKind, t: u64, cost: u64| {
-        let redis = &redis;
+        let (redis, memory) = (&redis, &memory);
         async move {
-            redis
-                .check(&alg(k), "k", &l, t, cost)
-                .await
-                .unwrap()
-                .allowed
+            let got = redis.check(&alg(k), "k", &l, t, cost).await.unwrap();
+            assert_eq!(got, memory.decide(&alg(k), "k", &l, t, cost), "{k} at {t}");
+            got.allowed
         }
     };
     let charge = |k: AlgorithmKind, t: u64, n: u64| {
-        let redis = &redis;
-        async move { redis.charge(&alg(k), "k", &l, t, n).await.unwrap() }
+        let (redis, memory) = (&redis, &memory);
+        async move {
+            memory.charge(&alg(k), "k", &l, t, n);
+            redis.charge(&alg(k), "k", &l, t, n).await.unwrap();
+        }
     };
 
     // Fixed window: 20 counted, the window refuses until it ends.
@@ -468,9 +547,11 @@ async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
     // push the next free instant to 2000, then to its reach, 2 × (1000 + 1) ahead.
     let flat = AnyAlgorithm::WarmUp(WarmUp::new(0, 1.0).unwrap());
     for _ in 0..3 {
+        memory.charge(&flat, "k", &l, 0, 10);
         redis.charge(&flat, "k", &l, 0, 10).await.unwrap();
     }
     let d = redis.check(&flat, "k", &l, 2001, 1).await.unwrap();
+    assert_eq!(d, memory.decide(&flat, "k", &l, 2001, 1));
     assert_eq!((d.allowed, d.retry_after), (false, Some(1)));
     assert!(redis.check(&flat, "k", &l, 2002, 1).await.unwrap().allowed);
 }
