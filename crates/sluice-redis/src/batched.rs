@@ -74,8 +74,32 @@ struct Lease {
 pub struct BatchedStore {
     store: RedisStore,
     config: BatchConfig,
-    leases: parking_lot::Mutex<HashMap<(String, AlgorithmKind), Lease>>,
+    leases: parking_lot::Mutex<Leases>,
     calls: AtomicU64,
+}
+
+/// The keys' batches, and when the map is next swept of idle ones.
+#[derive(Debug, Default)]
+struct Leases {
+    map: HashMap<(String, AlgorithmKind), Lease>,
+    next_prune: Nanos,
+}
+
+/// How often, on the node's clock, the batches are swept; a key's batch goes once it has
+/// been expired (and any refusal over) for as long. Only the rate estimate is lost with it:
+/// an expired batch holds no permit that could still be given out.
+const PRUNE_EVERY: Nanos = 10_000_000_000;
+
+impl Leases {
+    /// Drops the batches idle for [`PRUNE_EVERY`], at most once per [`PRUNE_EVERY`].
+    fn prune(&mut self, now: Nanos) {
+        if now < self.next_prune {
+            return;
+        }
+        self.next_prune = now.saturating_add(PRUNE_EVERY);
+        self.map
+            .retain(|_, l| now < l.expires.max(l.refused_until).saturating_add(PRUNE_EVERY));
+    }
 }
 
 impl BatchedStore {
@@ -85,7 +109,7 @@ impl BatchedStore {
         Self {
             store,
             config,
-            leases: parking_lot::Mutex::new(HashMap::new()),
+            leases: parking_lot::Mutex::new(Leases::default()),
             calls: AtomicU64::new(0),
         }
     }
@@ -100,6 +124,13 @@ impl BatchedStore {
     #[must_use]
     pub fn central_calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Keys this node holds a batch record for (expired ones included until they are swept,
+    /// [`PRUNE_EVERY`] after they expired).
+    #[must_use]
+    pub fn keys(&self) -> usize {
+        self.leases.lock().map.len()
     }
 
     /// Decides a request of `cost` at `now` (the node's clock): from the key's batch if it
@@ -131,7 +162,7 @@ impl BatchedStore {
     ) -> Option<Decision> {
         let id = (key.to_string(), Shape::of(alg).kind);
         let mut leases = self.leases.lock();
-        let lease = leases.get_mut(&id)?;
+        let lease = leases.map.get_mut(&id)?;
         if now >= lease.expires {
             return None;
         }
@@ -175,7 +206,8 @@ impl BatchedStore {
         let id = (key.to_string(), Shape::of(alg).kind);
         let wanted = {
             let mut leases = self.leases.lock();
-            let lease = leases.entry(id.clone()).or_default();
+            leases.prune(now);
+            let lease = leases.map.entry(id.clone()).or_default();
             if now >= lease.expires {
                 lease.left = 0;
             }
@@ -203,7 +235,7 @@ impl BatchedStore {
             _ => self.config.lease,
         });
         let mut leases = self.leases.lock();
-        let lease = leases.entry(id).or_default();
+        let lease = leases.map.entry(id).or_default();
         if now >= lease.expires {
             lease.left = 0;
         }

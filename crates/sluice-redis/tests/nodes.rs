@@ -269,3 +269,61 @@ async fn batches_shrink_with_what_is_left() {
     assert!(tail.iter().any(|&s| s < 100), "{sizes:?}");
     assert_eq!(sizes.last(), Some(&1), "{sizes:?}");
 }
+
+/// Batched mode keeps a record per key (its batch and consumption rate); a record whose batch
+/// expired long ago is swept, so the map follows the keys in use, not every key ever seen —
+/// and a batch still valid is never dropped (its permits may still be given out).
+#[tokio::test]
+async fn idle_batches_are_swept_and_live_ones_kept() {
+    const S: u64 = 1_000_000_000;
+    let server = RedisServer::start();
+    // Longer than the sweep period, so a sweep meets a valid batch.
+    let lease = 60 * S;
+    let node = BatchedStore::new(
+        RedisStore::new(
+            &server.url(),
+            RedisConfig {
+                prefix: "sweep:".into(),
+                ..RedisConfig::caller_time()
+            },
+        )
+        .unwrap(),
+        BatchConfig {
+            lease,
+            ..BatchConfig::default()
+        },
+    );
+    let alg = AnyAlgorithm::new(AlgorithmKind::Gcra, Options::default());
+    let limit = Limit::from_nanos(1_000, S).unwrap();
+    let t0 = S;
+    for i in 0..200 {
+        let d = node
+            .check(&alg, &format!("idle-{i}"), &limit, t0, 1)
+            .await
+            .unwrap();
+        assert!(d.allowed);
+    }
+    assert_eq!(node.keys(), 200);
+    // Long after those batches expired, one key is busy: the others' records are swept.
+    let later = t0 + 100 * S;
+    for _ in 0..2 {
+        // Slow start: a batch of 1, then of 2 (one permit of it left).
+        assert!(
+            node.check(&alg, "busy", &limit, later, 1)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    assert_eq!(node.keys(), 1, "only the key in use keeps a record");
+    // Past the next sweep its batch is still valid: kept, and it still gives out its permit
+    // without asking Redis.
+    let calls = node.central_calls();
+    let d = node
+        .check(&alg, "busy", &limit, later + 20 * S, 1)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    assert_eq!(node.central_calls(), calls, "served from the kept batch");
+    assert_eq!(node.keys(), 1);
+}
