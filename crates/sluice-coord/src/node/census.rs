@@ -145,7 +145,9 @@ impl Node {
                 node: id,
                 part: Part::ReserveOnly,
             }];
-        let pristine = any && self.view_digest().is_some() && self.is_pristine();
+        // Every neighbour's incarnation known (what `view_digest` needs), without hashing.
+        let known = self.links.values().all(|l| !l.neighbour || l.inc != 0);
+        let pristine = any && known && self.is_pristine();
         let level = if pristine {
             level.saturating_add(1).min(top)
         } else {
