@@ -99,6 +99,13 @@ proptest! {
         let now = now.saturating_add_signed(dt);
         let mut charged = s.clone();
         alg.charge(&mut charged, &l, now, n);
+        // A charge of at least what was left takes it all: the next request is refused.
+        let b0 = alg.peek(&s, &l, now, 1);
+        let left = if b0.allowed { b0.remaining.saturating_add(1) } else { 0 };
+        if n > 0 && n >= left && kind != AlgorithmKind::WarmUp {
+            let a0 = alg.peek(&charged, &l, now, 1);
+            prop_assert!(!a0.allowed, "{} charged with {} left: {:?}", n, left, a0);
+        }
         let before: Decision = alg.peek(&s, &l, now + later, 1);
         let after = alg.peek(&charged, &l, now + later, 1);
         prop_assert!(!after.allowed || before.allowed, "{:?} then {:?}", before, after);
