@@ -209,26 +209,3 @@ impl Backend for MemoryStore {
         std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
     }
 }
-
-/// Takes `n` permits from `state`, or as many as it holds: counts admissions made elsewhere
-/// as far as the state can hold them.
-pub(crate) fn take_what_fits(
-    alg: &AnyAlgorithm,
-    state: &mut AnyState,
-    limit: &Limit,
-    now: Nanos,
-    n: u64,
-) {
-    if n == 0 || alg.check(state, limit, now, n).allowed {
-        return;
-    }
-    let d = alg.peek(state, limit, now, 1);
-    let fits = if d.allowed {
-        d.remaining.saturating_add(1).min(n)
-    } else {
-        0
-    };
-    if fits > 0 {
-        alg.check(state, limit, now, fits);
-    }
-}

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
-use crate::backend::{Backend, algorithm_id, take_what_fits};
+use crate::backend::{Backend, algorithm_id};
 use crate::debt::Debt;
 use crate::error::Error;
 
@@ -534,6 +534,37 @@ impl Drop for Pending<'_> {
             k.charging = false;
         }
     }
+}
+
+/// Counts `n` permits admitted elsewhere (by the central store, or by another node) on a
+/// local `state` of `alg` under `limit` at `now`, as far as the state holds them: all `n` if
+/// they fit as one admission, else as many as the state still admits, else none. Never
+/// counts past the limit, unlike [`sluice_limits::Algorithm::charge`]: a local share that
+/// follows what was admitted elsewhere must not be spent again, but need not remember more
+/// than it could have admitted itself.
+///
+/// Returns how many permits were counted (`0..=n`).
+pub fn take_what_fits(
+    alg: &AnyAlgorithm,
+    state: &mut AnyState,
+    limit: &Limit,
+    now: Nanos,
+    n: u64,
+) -> u64 {
+    if n == 0 || alg.check(state, limit, now, n).allowed {
+        return n;
+    }
+    let d = alg.peek(state, limit, now, 1);
+    let fits = if d.allowed {
+        d.remaining.saturating_add(1).min(n)
+    } else {
+        0
+    };
+    // `remaining` is an estimate for some algorithms: count only what was admitted.
+    if fits > 0 && alg.check(state, limit, now, fits).allowed {
+        return fits;
+    }
+    0
 }
 
 /// A decision of the node's share.

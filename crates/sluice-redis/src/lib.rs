@@ -43,8 +43,8 @@
 //! - **Fallback** ([`FallbackLimiter`], seed 002 §4.4(4)): when Redis does not answer within
 //!   the timeout, the batch the node holds decides while it is valid, then a local
 //!   `sluice-limits` limiter with the node's share of the limit, on a state that also counts
-//!   what Redis admitted; one request per probe interval tries Redis again, and only Redis
-//!   answering ends the fallback. What the share admitted is owed to Redis ([`Debt`]) and
+//!   what Redis admitted ([`take_what_fits`]); one request per probe interval tries Redis
+//!   again, and only Redis answering ends the fallback. What the share admitted is owed to Redis ([`Debt`]) and
 //!   charged to it ([`RedisStore::charge`]: every script counts `n` permits unconditionally)
 //!   before the node's next central decision of the key.
 //!
@@ -82,6 +82,8 @@ pub use backend::{Backend, MemoryStore};
 pub use batched::{BatchConfig, BatchedStore, ConsumptionRate};
 pub use debt::Debt;
 pub use error::Error;
-pub use fallback::{FallbackConfig, FallbackLimiter, Mode, Outcome, Share, Source, Transition};
+pub use fallback::{
+    FallbackConfig, FallbackLimiter, Mode, Outcome, Share, Source, Transition, take_what_fits,
+};
 pub use script::{TimeSource, check_limit};
 pub use store::{RedisConfig, RedisStore};
