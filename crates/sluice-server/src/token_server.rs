@@ -176,9 +176,6 @@ impl Default for GrantConfig {
 struct KeyState {
     state: AnyState,
     limit: Limit,
-    /// Charged permits the state could not hold (an in-memory state stops at its limit):
-    /// taken off what is left while they still weigh, so no grant lands on them.
-    overflow: Debt,
 }
 
 /// The central state of one active token server (see the module documentation).
@@ -266,7 +263,8 @@ impl TokenServer {
 
     /// Answers a request for permits of `kind` under `limit` at `now`, after counting the
     /// `charge` permits the node admitted on its own as admitted now, whatever the limit
-    /// says (what the state cannot hold is kept off the grants while it still weighs).
+    /// says ([`Algorithm::charge`]: past the limit the state takes the excess, saturating,
+    /// and keeps it off the grants while it still weighs).
     #[allow(clippy::too_many_arguments)]
     pub fn grant(
         &mut self,
@@ -303,16 +301,15 @@ impl TokenServer {
                 KeyState {
                     state,
                     limit: *limit,
-                    overflow: Debt::new(),
                 }
             });
         entry.limit = *limit;
         if charge > 0 {
-            let held = take_what_fits(alg, &mut entry.state, limit, now, charge);
-            entry.overflow.record(alg, limit, now, charge - held);
+            // As the Redis scripts and the in-memory store charge: past the limit the state
+            // takes the excess, so it keeps those permits off the grants while they weigh.
+            alg.charge(&mut entry.state, limit, now, charge);
         }
-        let left = available(alg, &entry.state, limit, now)
-            .saturating_sub(entry.overflow.due(alg, limit, now));
+        let left = available(alg, &entry.state, limit, now);
         let by_share = (left as f64 * self.config.share_of_remaining).floor() as u64;
         let size = want
             .min(self.config.max_batch)
@@ -354,9 +351,9 @@ impl TokenServer {
         let algorithms = &self.algorithms;
         self.states.retain(|(_, kind), s| {
             let index = kind.index();
-            algorithms.get(index).is_some_and(|a| {
-                !a.is_idle(&s.state, &s.limit, now) || s.overflow.due(a, &s.limit, now) > 0
-            })
+            algorithms
+                .get(index)
+                .is_some_and(|a| !a.is_idle(&s.state, &s.limit, now))
         });
         before - self.states.len()
     }
@@ -1743,8 +1740,8 @@ mod tests {
         };
         // 30 admitted locally by a node: the window grants the other 70.
         assert_eq!(drain(&mut s, window, &fw(100), t, 30), 70);
-        // A sliding log: 80 granted, then a node charges 50 — the log holds 20 of them, the
-        // other 30 are kept off the grants while they weigh (a period).
+        // A sliding log: 80 granted, then a node charges 50 — the log takes all 50, 30 past
+        // the count, which keeps them off the grants while they weigh (a period).
         let log = AlgorithmKind::SlidingLog;
         let l = fw(100);
         assert!(matches!(
@@ -1752,7 +1749,7 @@ mod tests {
             Reply::Grant { granted: 80, .. }
         ));
         assert_eq!(drain(&mut s, log, &l, t + S / 2, 50), 0);
-        // At t + S the first 80 leave; 20 + 30 charged still weigh: 50 left, not 80.
+        // At t + S the first 80 leave; the 50 charged still weigh: 50 left, not 80.
         assert_eq!(drain(&mut s, log, &l, t + S, 0), 50);
     }
 
