@@ -2,6 +2,8 @@
 //! imply, and same seed ⇒ same table.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use sluice_sim::baselines::{Baseline, Row, Setup, Table, run, total_demand};
 use sluice_sim::cluster::{Scenario, Strategy, Workload, run as cluster_run};
 
@@ -88,16 +90,7 @@ fn outputs(t: &Table, dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     let _ = std::fs::remove_dir_all(dir);
     t.write(dir).unwrap();
     std::fs::write(dir.join("table.json"), serde_json::to_string(t).unwrap()).unwrap();
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            (name, std::fs::read(e.path()).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
+    support::files(dir)
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! and same seed ⇒ same output.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::PathBuf;
 
 use sluice_sim::gdrl::{self, Demand, RunReport, Setup};
@@ -98,21 +100,6 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-fn files(dir: &PathBuf) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn same_seed_same_files() {
     let s = {
@@ -131,7 +118,7 @@ fn same_seed_same_files() {
         )
         .unwrap();
     }
-    assert_eq!(files(&a), files(&b));
+    assert_eq!(support::files(&a), support::files(&b));
     let mut t = Setup::regular(10, 2, 5).unwrap();
     t.slots = 300;
     let (c, d) = (tmp("c"), tmp("d"));
@@ -141,7 +128,7 @@ fn same_seed_same_files() {
             .write(dir)
             .unwrap();
     }
-    assert_eq!(files(&c), files(&d));
+    assert_eq!(support::files(&c), support::files(&d));
     // Another seed gives other arrivals.
     let mut s2 = s.clone();
     s2.seed = 2;
@@ -167,7 +154,7 @@ fn ring_same_seed_same_files_other_seed_other_files() {
             serde_json::to_string(&out.report).unwrap(),
         )
         .unwrap();
-        files(dir)
+        support::files(dir)
     };
     let (a, b, c) = (tmp("ring-a"), tmp("ring-b"), tmp("ring-c"));
     let (fa, fb) = (write(&s, &a), write(&s, &b));

@@ -2,6 +2,8 @@
 //! against the purely proactive baseline at equal message count.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use sluice_coord::pacing::Strategy;
 use sluice_sim::token_account::{self, App, Config, Outcome, compare, run_batch, write_results};
 
@@ -264,16 +266,7 @@ fn same_seed_gives_identical_files() {
         compare(&mut out);
         let dir = base.join(i.to_string());
         write_results(&dir, &out).unwrap();
-        let mut names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        let contents: Vec<(std::ffi::OsString, Vec<u8>)> = names
-            .into_iter()
-            .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
-            .collect();
-        files.push(contents);
+        files.push(support::files(&dir));
     }
     std::fs::remove_dir_all(&base).ok();
     assert!(
