@@ -65,7 +65,7 @@ use hyper_util::rt::TokioIo;
 use sluice_limits::{
     Algorithm, AlgorithmKind, AnyAlgorithm, AnyState, Decision, Limit, Nanos, Options,
 };
-use sluice_redis::{ConsumptionRate, Debt, Share, Source};
+use sluice_redis::{ConsumptionRate, Debt, Share, Source, take_what_fits};
 
 use crate::peer::{PeerKey, open, seal};
 
@@ -212,25 +212,6 @@ fn available(alg: &AnyAlgorithm, state: &AnyState, limit: &Limit, now: Nanos) ->
     } else {
         0
     }
-}
-
-/// Counts `n` permits admitted elsewhere on `state`, as far as it holds them; returns how
-/// many it held.
-fn take_what_fits(
-    alg: &AnyAlgorithm,
-    state: &mut AnyState,
-    limit: &Limit,
-    now: Nanos,
-    n: u64,
-) -> u64 {
-    if n == 0 || alg.check(state, limit, now, n).allowed {
-        return n;
-    }
-    let fits = available(alg, state, limit, now).min(n);
-    if fits > 0 && alg.check(state, limit, now, fits).allowed {
-        return fits;
-    }
-    0
 }
 
 impl TokenServer {
@@ -641,7 +622,9 @@ fn take(
     lease.rate.used(cost);
     let alg = AnyAlgorithm::new(kind, Options::default());
     let state = lease.share.get_or_insert_with(|| alg.new_state(share, now));
-    // More than the share from leases: the share is used up, no more.
+    // More than the share from leases: the share is used up, no more (by design it counts
+    // only what fits, not past the limit as a charge would: it limits this node's fallback,
+    // and a lease's permits were already counted centrally).
     take_what_fits(&alg, state, share, now, cost);
     Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
 }
