@@ -73,7 +73,6 @@ impl WarmUpState {
 /// Guava's curve for one limit.
 struct Curve {
     stable: f64,
-    cold: f64,
     threshold: f64,
     max: f64,
     slope: f64,
@@ -94,7 +93,6 @@ impl Curve {
         };
         Self {
             stable,
-            cold,
             threshold,
             max,
             slope,
@@ -165,6 +163,23 @@ impl WarmUp {
     #[must_use]
     pub fn cold_factor(&self) -> f64 {
         self.cold_factor
+    }
+
+    /// How far ahead of `now` an admission or a [`Algorithm::charge`] at `now` can put the
+    /// next free instant under `limit`: `2·(⌈B·c⌉ + 1)` ns, `B` the burst and `c` the cold
+    /// interval (`cold_factor` stable intervals). No permit costs more than `c`, so one
+    /// admission pays at most `⌈B·c⌉` ahead; charges pay forward from a next free instant
+    /// that may already be ahead, and stop here. Computed in `f64` with the operations of
+    /// the curve (the Redis script computes it alike); saturates at `Nanos::MAX`.
+    ///
+    /// An admission weighs in later decisions for at most this plus the warm-up period (the
+    /// stored permits it took come back within it once the key is free).
+    #[must_use]
+    pub fn reach(&self, limit: &Limit) -> Nanos {
+        let cold = limit.period() as f64 / limit.count() as f64 * self.cold_factor;
+        let reach = 2.0 * ((limit.burst() as f64 * cold).ceil() + 1.0);
+        // `as` saturates for floats out of range.
+        reach as Nanos
     }
 
     /// Coldness and next free instant after idling until `now` (Guava `resync`).
@@ -266,8 +281,9 @@ impl Algorithm for WarmUp {
 
     /// Takes `min(n, burst)` permits at `now` (read as the latest time seen) whether the key
     /// is free or not: their cost is paid forward from the next free instant (and the stored
-    /// permits taken), which stays within `2·(⌈burst·cold⌉ + 1)` ns of `now` (`cold` the cold
-    /// interval; never moved back). Same floating-point operations as `check`.
+    /// permits taken), which stays within [`WarmUp::reach`] of `now`, `2·(⌈burst·cold⌉ + 1)`
+    /// ns (`cold` the cold interval; never moved back). Same floating-point operations as
+    /// `check`.
     fn charge(&self, state: &mut Self::State, limit: &Limit, now: Nanos, n: u64) {
         let n = n.min(limit.burst());
         if n == 0 {
@@ -279,11 +295,10 @@ impl Algorithm for WarmUp {
         let stored = coldness * curve.max;
         let take = n as f64;
         let pay = curve.cost(stored, take).ceil().max(1.0);
-        let reach = 2.0 * ((limit.burst() as f64 * curve.cold).ceil() + 1.0);
         // `as` saturates for floats out of range.
         let ahead = next_free
             .saturating_add(pay as u64)
-            .min(now.saturating_add(reach as u64));
+            .min(now.saturating_add(self.reach(limit)));
         *state = WarmUpState {
             next_free: next_free.max(ahead),
             coldness: curve.left(stored, take),
