@@ -45,8 +45,9 @@ impl Debt {
     }
 
     /// The permits that still weigh in `alg`'s decisions at `now`: those of the current
-    /// window (fixed window), of the last period (sliding window and log), or of the time a
-    /// full bucket takes to drain (buckets, GCRA). At most [`charge_cap`]: a share admits
+    /// window (fixed window), of the last period (sliding window and log), of the time a
+    /// full bucket takes to drain (buckets, GCRA), or of the warm-up's reach
+    /// ([`sluice_limits::WarmUp::reach`]) and warm-up period. At most [`charge_cap`]: a share admits
     /// no more than that of what still weighs.
     #[must_use]
     pub fn due(&self, alg: &AnyAlgorithm, limit: &Limit, now: Nanos) -> u64 {
@@ -119,8 +120,10 @@ fn horizon(alg: &AnyAlgorithm, limit: &Limit) -> Nanos {
         AnyAlgorithm::LeakyBucket(_) | AnyAlgorithm::TokenBucket(_) | AnyAlgorithm::Gcra(_) => {
             bucket
         }
-        // A cold key is slower than the stable rate (Guava's cold factor is 3).
-        AnyAlgorithm::WarmUp(w) => bucket.saturating_mul(4).saturating_add(w.warmup()),
+        // An admission puts the next free instant at most its reach ahead (with the real
+        // cold factor: a cold key is that much slower), and the stored permits it took come
+        // back within the warm-up period once the key is free.
+        AnyAlgorithm::WarmUp(w) => w.reach(limit).saturating_add(w.warmup()),
     }
 }
 
@@ -172,6 +175,39 @@ mod tests {
         d.record(&tb, &l, 10 * S, 50);
         assert_eq!(d.due(&tb, &l, 14 * S), 50);
         assert_eq!(d.due(&tb, &l, 15 * S), 0);
+    }
+
+    #[test]
+    fn a_warm_up_debt_weighs_as_long_as_its_cold_factor_makes_it() {
+        use sluice_limits::{Algorithm, WarmUp};
+        // 1/s, a cold key 20 times slower: charges (other nodes' debts) pay forward up to
+        // two bursts at the cold interval, 40 s, whatever the warm-up period.
+        let l = Limit::from_nanos(1, S).unwrap();
+        let warm = WarmUp::new(S, 20.0).unwrap();
+        assert_eq!(warm.reach(&l), 2 * (20 * S + 1));
+        let alg = AnyAlgorithm::WarmUp(warm);
+        let t = 10 * S;
+        let mut others = alg.new_state(&l, 0);
+        for _ in 0..30 {
+            alg.charge(&mut others, &l, t, 1);
+        }
+        // The node's permit admitted at `t`, had it been counted then.
+        let mut with_ours = others.clone();
+        alg.charge(&mut with_ours, &l, t, 1);
+        let free_at = t + alg.peek(&others, &l, t, 1).retry_after.unwrap();
+        assert!(alg.peek(&others, &l, free_at, 1).allowed);
+        assert!(
+            !alg.peek(&with_ours, &l, free_at, 1).allowed,
+            "it still weighs"
+        );
+        // Far past four bucket drains and the warm-up period (the horizon of a cold factor
+        // of 3), and it is still owed.
+        assert!(free_at - t > 4 * S + warm.warmup());
+        let mut d = Debt::new();
+        d.record(&alg, &l, t, 1);
+        assert_eq!(d.due(&alg, &l, free_at), 1);
+        // Once reach and warm-up period are past, it no longer weighs.
+        assert_eq!(d.due(&alg, &l, t + warm.reach(&l) + warm.warmup()), 0);
     }
 
     #[test]

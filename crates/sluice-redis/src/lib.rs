@@ -61,7 +61,8 @@
 //! exact integer quotient. Warm-up keeps floating-point state: its script performs
 //! `sluice-limits`' operations in the same order on the same IEEE doubles and stores the
 //! stored fraction with 17 significant digits, which reads back as the same double; it
-//! needs `now + 4 × (⌈burst × cold interval⌉ + 1) + warm-up period < 2^53`.
+//! needs `now + 4 × (⌈burst × cold interval⌉ + 1) + warm-up period < 2^53` (twice
+//! [`sluice_limits::WarmUp::reach`], the most a charge puts the next free instant ahead).
 //!
 //! # Keys
 //!

@@ -239,16 +239,18 @@ impl Call {
                 now_max + (2 * burst + 1) * t < EXACT
             }
             AlgorithmKind::WarmUp => {
-                // A permit costs at most the cold interval, so one admission pays at most
-                // `burst × cold` ahead and a charge keeps the next free instant within twice
-                // that; the expiry adds the warm-up period. Computed as the script does.
-                let cold = (p as f64 / count as f64) * shape.factor;
-                let most = (burst as f64 * cold).ceil();
+                // The next free instant stays within `reach` ahead of the time (the script
+                // computes it as `WarmUp::reach` does, in the call's unit); a charge adds a
+                // cost of at most `reach / 2` to it before it stops there, and the expiry
+                // adds the warm-up period.
+                let reach = match alg {
+                    AnyAlgorithm::WarmUp(w) => Limit::from_nanos(limit.count(), period)
+                        .and_then(|l| l.with_burst(limit.burst()))
+                        .map_or(u128::MAX, |l| u128::from(w.reach(&l))),
+                    _ => u128::MAX,
+                };
                 let w = u128::from(param);
-                most.is_finite()
-                    && most < EXACT as f64
-                    && w < EXACT
-                    && now_max + 4 * (most as u128 + 1) + w + 2 < EXACT
+                reach < EXACT && w < EXACT && now_max + 2 * reach + w + 2 < EXACT
             }
         };
         if !ok {

@@ -90,7 +90,7 @@ end
 
 -- `c` permits admitted without Redis, taken now: paid forward from the next free instant
 -- (the key need not be free), which stays within `reach` ahead (two bursts at the cold
--- interval), as sluice_limits' WarmUp::charge.
+-- interval, sluice_limits' WarmUp::reach), as sluice_limits' WarmUp::charge.
 local function charge(c)
   local stored = coldness * max
   local pay = math.max(math.ceil(pay_for(stored, c)), 1.0)
