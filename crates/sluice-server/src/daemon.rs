@@ -275,6 +275,12 @@ impl Daemon {
         })
     }
 
+    /// The node's metrics registry (what `/metrics` shows), for an embedder in the same
+    /// process (the demo reads the decision latency from it).
+    pub(crate) fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.http_state.metrics()
+    }
+
     /// The cluster as the status page shows it.
     #[must_use]
     pub fn status(&self) -> ClusterStatus {

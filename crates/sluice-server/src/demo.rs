@@ -4,8 +4,9 @@
 //! between nodes. Every second it reports the global admitted rate against the limit and
 //! each node's share; at the end, over-throttling and overshoot (as `sluice sim cluster`
 //! defines them, seed 000 §6), decisions per second and latency: the decision latency inside
-//! the nodes (their `sluice_decision_duration_seconds` histograms, scraped from `/metrics`
-//! as Prometheus would) and the gRPC round trip the load generators saw.
+//! the nodes (their `sluice_decision_duration_seconds` histograms, read in process from each
+//! node's metrics registry, what its `/metrics` shows) and the gRPC round trip the load
+//! generators saw.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,8 +104,8 @@ pub struct SecondRow {
     pub node_admitted: Vec<u64>,
     /// Each node's share of the limit at the end of the second.
     pub shares: Vec<f64>,
-    /// Median decision latency inside the nodes this second, microseconds (all nodes'
-    /// histograms merged; `None` if no decision or no scrape).
+    /// Median decision latency inside the nodes this second, microseconds (each node's
+    /// observations of this second, merged; `None` if no decision).
     pub decision_p50_us: Option<f64>,
     /// 99th percentile of the same.
     pub decision_p99_us: Option<f64>,
@@ -179,6 +180,9 @@ pub enum DemoError {
     /// No free port.
     #[error("cannot find a free port on 127.0.0.1: {0}")]
     Io(#[from] std::io::Error),
+    /// A node's decision latency histogram could not be read.
+    #[error("reading a node's metrics: {0}")]
+    Metrics(#[from] std::fmt::Error),
 }
 
 fn yaml(limit: u32) -> String {
@@ -258,7 +262,10 @@ pub async fn run(
     let start = Instant::now();
     let (mut last_admitted, mut last_offered) = (vec![0u64; n], vec![0u64; n]);
     let mut t = 0u64;
-    let mut decided = DecisionHistogram::default();
+    // Each node's histogram at the last row: a second's observations are the per-node
+    // differences, merged (a difference of merged totals would mix nodes read at different
+    // times).
+    let mut decided = vec![DecisionHistogram::default(); n];
     for (pi, phase) in phases.iter().enumerate() {
         let wsum: f64 = phase.weights.iter().sum();
         let mut runs = Vec::new();
@@ -302,8 +309,11 @@ pub async fn run(
             let o: Vec<u64> = offered.iter().map(|x| x.load(Ordering::Relaxed)).collect();
             let node_admitted: Vec<u64> =
                 a.iter().zip(&last_admitted).map(|(x, y)| x - y).collect();
-            let now_decided = decision_histogram(&daemons).await;
-            let second = now_decided.since(&decided);
+            let now_decided = decision_histograms(&daemons)?;
+            let mut second = DecisionHistogram::default();
+            for (now, before) in now_decided.iter().zip(&decided) {
+                second.merge(&now.since(before));
+            }
             let us = |q: f64| second.quantile(q).map(|s| s * 1e6);
             let row = SecondRow {
                 t,
@@ -338,7 +348,10 @@ pub async fn run(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let statuses: Vec<_> = daemons.iter().map(Daemon::status).collect();
-    let decided = decision_histogram(&daemons).await;
+    let mut decided = DecisionHistogram::default();
+    for h in decision_histograms(&daemons)? {
+        decided.merge(&h);
+    }
     let decision_latency = match (decided.quantile(0.5), decided.quantile(0.99)) {
         (Some(p50), Some(p99)) => Some(DecisionLatency {
             p50_us: p50 * 1e6,
@@ -392,45 +405,11 @@ pub async fn run(
     })
 }
 
-/// Every node's gRPC decision latency histogram, merged (a node that does not answer its
-/// `/metrics` is left out: the demo goes on).
-async fn decision_histogram(daemons: &[Daemon]) -> DecisionHistogram {
-    let mut all = DecisionHistogram::default();
-    for d in daemons {
-        if let Some(text) = scrape_metrics(d.http_addr).await {
-            all.merge(&DecisionHistogram::parse(&text, Api::Grpc));
-        }
-    }
-    all
-}
-
-/// `GET /metrics` of a node over HTTP/1.1, as Prometheus reads it; `None` on any failure.
-async fn scrape_metrics(addr: Option<std::net::SocketAddr>) -> Option<String> {
-    use http_body_util::{BodyExt as _, Empty};
-    let addr = addr?;
-    let fetch = async {
-        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .ok()?;
-        // Drives the connection; ends once the answer is read and the sender dropped.
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let request = http::Request::get("/metrics")
-            .header(http::header::HOST, addr.to_string())
-            .body(Empty::<bytes::Bytes>::new())
-            .ok()?;
-        let response = sender.send_request(request).await.ok()?;
-        if response.status() != http::StatusCode::OK {
-            return None;
-        }
-        let body = response.into_body().collect().await.ok()?.to_bytes();
-        String::from_utf8(body.to_vec()).ok()
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
+/// Each node's gRPC decision latency histogram, in node order, read from its metrics
+/// registry in this process.
+fn decision_histograms(daemons: &[Daemon]) -> Result<Vec<DecisionHistogram>, DemoError> {
+    daemons
+        .iter()
+        .map(|d| Ok(d.metrics().decision_histogram(Api::Grpc)?))
+        .collect()
 }

@@ -135,6 +135,9 @@ type Labels2 = [(&'static str, &'static str); 2];
 /// counter increment plus the histogram's own short lock).
 pub struct Metrics {
     registry: Registry,
+    /// The latency histograms alone (the same ones as in `registry`), so they can be read
+    /// without collecting every other series ([`Metrics::decision_histogram`]).
+    latency_registry: Registry,
     latency: [Histogram; 4],
     requests: [[Counter; 3]; 4],
     /// Configuration reloads: applied, refused.
@@ -159,12 +162,16 @@ impl Metrics {
             });
         let latency =
             Api::ALL.map(|api| latency_family.get_or_create_owned(&[("api", api.name())]));
-        registry.register_with_unit(
-            "sluice_decision_duration",
-            "Time the engine took to decide one request, by API",
-            Unit::Seconds,
-            latency_family,
-        );
+        let mut latency_registry = Registry::default();
+        for r in [&mut registry, &mut latency_registry] {
+            // A family's clones share its histograms.
+            r.register_with_unit(
+                "sluice_decision_duration",
+                "Time the engine took to decide one request, by API",
+                Unit::Seconds,
+                latency_family.clone(),
+            );
+        }
 
         let requests_family = Family::<Labels2, Counter>::default();
         let requests = Api::ALL.map(|api| {
@@ -192,10 +199,23 @@ impl Metrics {
         registry.register_collector(Box::new(Scraped { engine, cluster }));
         Self {
             registry,
+            latency_registry,
             latency,
             requests,
             reloads,
         }
+    }
+
+    /// The decision latency histogram of `api` as `/metrics` shows it now, read in process
+    /// (no scrape that can fail or time out).
+    ///
+    /// # Errors
+    /// Only if formatting fails (it writes into a `String`, so in practice never).
+    pub fn decision_histogram(&self, api: Api) -> Result<DecisionHistogram, fmt::Error> {
+        // `prometheus-client` shows a histogram's buckets only through its encoder.
+        let mut out = String::with_capacity(2048);
+        prometheus_client::encoding::text::encode(&mut out, &self.latency_registry)?;
+        Ok(DecisionHistogram::parse(&out, api))
     }
 
     /// Records one reload of changed configuration files: applied (`ok`) or refused.
@@ -700,6 +720,10 @@ mod tests {
         assert_eq!(both.since(&h), h);
         assert_eq!(h.since(&h).quantile(0.5), None);
         assert_eq!(DecisionHistogram::parse("", Api::Grpc).count(), 0);
+        // Read in process: the same histogram as the exposition, of that API only.
+        assert_eq!(m.decision_histogram(Api::Grpc).unwrap(), h);
+        assert_eq!(m.decision_histogram(Api::Json).unwrap().count(), 1);
+        assert_eq!(m.decision_histogram(Api::Peek).unwrap().count(), 0);
     }
 
     #[test]
