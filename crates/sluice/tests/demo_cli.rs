@@ -66,15 +66,26 @@ fn a_short_demo_summarises_and_writes_its_csv_and_chart() {
     );
     let rt50 = value(&stdout, "p50 latency (gRPC round trip)");
     let rt99 = value(&stdout, "p99 latency (gRPC round trip)");
-    assert!(rt99 >= rt50, "round trip p50 {rt50} µs, p99 {rt99} µs");
+    assert!(
+        rt50 > 0.0 && rt99 >= rt50,
+        "round trip p50 {rt50} µs, p99 {rt99} µs"
+    );
+    let over_throttling = value(&stdout, "over-throttling (seed 000 §6)");
+    assert!((0.0..=100.0).contains(&over_throttling), "{stdout}");
+    // The nodes divide the limit: above it only for a moment while demand moves.
+    let overshoot = value(&stdout, "overshoot above the global limit");
+    assert!((0.0..10.0).contains(&overshoot), "{stdout}");
+    // 70 % to 150 % of 200/s offered in the phases: decisions every second.
+    assert!(
+        value(&stdout, "decisions per second (all nodes)") > 0.0,
+        "{stdout}"
+    );
+    // Two nodes that divide a limit talk to each other.
     for label in [
-        "over-throttling (seed 000 §6)",
-        "overshoot above the global limit",
-        "decisions per second (all nodes)",
         "peer messages per node per second",
         "peer bytes per node per second",
     ] {
-        assert!(value(&stdout, label) >= 0.0, "{label}");
+        assert!(value(&stdout, label) > 0.0, "{label}: {stdout}");
     }
     assert_eq!(value(&stdout, "errors"), 0.0, "{stdout}");
 
@@ -101,19 +112,13 @@ fn a_short_demo_summarises_and_writes_its_csv_and_chart() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{csv}");
     assert!(rows.iter().all(|r| r.len() == header.len()), "{csv}");
-    // Every second had decisions, so it has a latency, unless a scrape of a node's /metrics
-    // failed (2 s timeout; a stalled machine): most seconds, then, and all of them sane.
-    let mut with_latency = 0;
+    // Every second had decisions, so every second has a latency (read in process from each
+    // node: nothing to fail).
     for r in &rows {
-        if r[9].is_empty() {
-            continue;
-        }
         let p50: f64 = r[9].parse().unwrap_or_else(|_| panic!("{csv}"));
         let p99: f64 = r[10].parse().unwrap_or_else(|_| panic!("{csv}"));
         assert!(p50 > 0.0 && p99 >= p50, "{csv}");
-        with_latency += 1;
     }
-    assert!(with_latency >= rows.len() / 2, "{csv}");
     let svg = std::fs::read_to_string(out.join("demo.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"));
     std::fs::remove_dir_all(&out).unwrap();
