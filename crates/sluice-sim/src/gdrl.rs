@@ -625,6 +625,24 @@ pub struct ScaleReport {
     pub cases: Vec<RunReport>,
 }
 
+/// Where [`scale`] is: case `case` (counted from 0, sizes then degrees) of `nodes` nodes of
+/// degree `degree`, `done` of its `cycles` cycles.
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleProgress<'a> {
+    /// The case's index in the order the cases run.
+    pub case: usize,
+    /// Its number of nodes.
+    pub nodes: usize,
+    /// Its degree.
+    pub degree: usize,
+    /// Its topology's name.
+    pub name: &'a str,
+    /// Cycles done.
+    pub done: u64,
+    /// Cycles of the case (the same for every case).
+    pub cycles: u64,
+}
+
 /// Seed 003 §III-C: random d-regular graphs of N nodes, `η = 1/(2d)`, load 90 %. Each case
 /// draws its graph from `seed` and uses `template`'s other parameters.
 ///
@@ -634,27 +652,37 @@ pub fn scale(
     template: &Setup,
     sizes: &[usize],
     degrees: &[usize],
-    progress: &mut dyn FnMut(&str, u64, u64),
+    progress: &mut dyn FnMut(ScaleProgress<'_>),
 ) -> Result<ScaleOutcome, GdrlError> {
     let mut out = ScaleOutcome {
         cases: Vec::new(),
         traces: Vec::new(),
     };
-    for &n in sizes {
-        for &d in degrees {
-            let mut s = Setup::regular(n, d, template.seed)?;
-            s.alpha = template.alpha;
-            s.capacity_factor = template.capacity_factor;
-            s.slots = template.slots;
-            s.slots_per_cycle = template.slots_per_cycle;
-            s.loss = template.loss;
-            s.eta = template.eta;
-            s.record_nodes = false;
-            let name = s.topology_name.clone();
-            let t = simulate(&s, &mut |a, b| progress(&name, a, b))?;
-            out.cases.push((n, d, RunReport::new(&s, &t)));
-            out.traces.push(t);
-        }
+    let cases = sizes
+        .iter()
+        .flat_map(|&n| degrees.iter().map(move |&d| (n, d)));
+    for (case, (n, d)) in cases.enumerate() {
+        let mut s = Setup::regular(n, d, template.seed)?;
+        s.alpha = template.alpha;
+        s.capacity_factor = template.capacity_factor;
+        s.slots = template.slots;
+        s.slots_per_cycle = template.slots_per_cycle;
+        s.loss = template.loss;
+        s.eta = template.eta;
+        s.record_nodes = false;
+        let name = s.topology_name.clone();
+        let t = simulate(&s, &mut |done, cycles| {
+            progress(ScaleProgress {
+                case,
+                nodes: n,
+                degree: d,
+                name: &name,
+                done,
+                cycles,
+            });
+        })?;
+        out.cases.push((n, d, RunReport::new(&s, &t)));
+        out.traces.push(t);
     }
     Ok(out)
 }

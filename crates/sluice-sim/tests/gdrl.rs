@@ -61,7 +61,7 @@ fn scale_all_converge_and_ring_is_slowest_seed003_iiic() {
     // JFI ≈ 1, and "convergence to the steady-state is slowest for d = 2".
     let mut t = Setup::regular(10, 2, 1).unwrap();
     t.slots = 1500;
-    let out = gdrl::scale(&t, &[10, 100], &[2, 4, 8], &mut |_, _, _| {}).unwrap();
+    let out = gdrl::scale(&t, &[10, 100], &[2, 4, 8], &mut |_| {}).unwrap();
     assert_eq!(out.cases.len(), 6);
     for (n, d, r) in &out.cases {
         assert!(r.jfi_final >= 0.99, "N={n} d={d}: {r:?}");
@@ -123,7 +123,7 @@ fn same_seed_same_files() {
     t.slots = 300;
     let (c, d) = (tmp("c"), tmp("d"));
     for dir in [&c, &d] {
-        gdrl::scale(&t, &[10], &[2, 4], &mut |_, _, _| {})
+        gdrl::scale(&t, &[10], &[2, 4], &mut |_| {})
             .unwrap()
             .write(dir)
             .unwrap();

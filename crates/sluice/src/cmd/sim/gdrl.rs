@@ -191,28 +191,24 @@ pub(crate) fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     s.slots = 2_000;
     a.common.apply(&mut s);
     eprintln!("gdrl-scale: seed {}", s.seed);
-    // Work per cycle grows with N·d (arrivals, messages): the bar counts it, the cases run
-    // in the library's order (sizes, then degrees).
-    let weights: Vec<u64> = a
+    // Work per cycle grows with N·d (arrivals, messages): the bar weighs each case by it.
+    let weight = |n: usize, d: usize| (n * (d + 1)) as u64;
+    let all: u64 = a
         .sizes
         .iter()
-        .flat_map(|&n| a.degrees.iter().map(move |&d| (n * (d + 1)) as u64))
-        .collect();
-    let cycles = s.slots.div_ceil(s.slots_per_cycle.max(1));
-    let total: u64 = weights.iter().map(|w| w * cycles).sum();
+        .flat_map(|&n| a.degrees.iter().map(move |&d| weight(n, d)))
+        .sum();
     let mut progress = Progress::new("gdrl-scale", "work");
-    let (mut case, mut before, mut last) = (0usize, 0u64, String::new());
-    let out = gdrl::scale(&s, &a.sizes, &a.degrees, &mut |name, done, _| {
-        if name != last {
-            if !last.is_empty() {
-                before += weights.get(case).copied().unwrap_or(0) * cycles;
-                case += 1;
-            }
-            last = name.to_string();
-            progress.set_message(name);
+    // Work of the cases finished, and the case under way with its weight.
+    let (mut before, mut case, mut last_w) = (0u64, usize::MAX, 0u64);
+    let out = gdrl::scale(&s, &a.sizes, &a.degrees, &mut |p| {
+        let w = weight(p.nodes, p.degree);
+        if p.case != case {
+            before += last_w * p.cycles;
+            (case, last_w) = (p.case, w);
+            progress.set_message(p.name);
         }
-        let w = weights.get(case).copied().unwrap_or(0);
-        progress.update(before + w * done, total);
+        progress.update(before + w * p.done, all * p.cycles);
     })?;
     progress.finish();
     let dir = a.common.out("gdrl-scale");
