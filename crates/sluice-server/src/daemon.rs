@@ -44,7 +44,7 @@ pub struct RedisSpec {
     /// How long a decision waits for Redis before deciding locally.
     pub timeout: Duration,
     /// Nodes sharing the rules: the fallback decides with `1/nodes` of each limit (`None`:
-    /// the cluster's size, else 1).
+    /// the cluster's size, else 1: [`fallback_nodes`]).
     pub nodes: Option<u64>,
 }
 
@@ -95,6 +95,15 @@ pub enum DaemonError {
     /// The client lease settings are invalid.
     #[error("client leases: {0}")]
     Leases(#[from] crate::lease::LeaseConfigError),
+}
+
+/// Nodes sharing a node's central rules (Redis, token servers), whose fallback decides with
+/// `1/N` of each limit: the number `given`, else the size of the node's `cluster` (its peers
+/// and itself), else 1 (a node alone). The one default of `--redis-nodes` and
+/// `--token-nodes`.
+#[must_use]
+pub fn fallback_nodes(given: Option<u64>, cluster: Option<&ClusterSpec>) -> u64 {
+    given.unwrap_or_else(|| cluster.map_or(1, |c| c.peers.len() as u64 + 1))
 }
 
 /// A running node.
@@ -150,11 +159,7 @@ impl Daemon {
         let engine = Arc::new(Engine::new(config));
         if let Some(r) = &spec.redis {
             // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.
-            let nodes = r.nodes.unwrap_or_else(|| {
-                spec.cluster
-                    .as_ref()
-                    .map_or(1, |(c, _)| c.peers.len() as u64 + 1)
-            });
+            let nodes = fallback_nodes(r.nodes, spec.cluster.as_ref().map(|(c, _)| c));
             let central = crate::central::connect(&r.url, r.mode, r.timeout, nodes)?;
             engine.attach_redis(central);
         }
