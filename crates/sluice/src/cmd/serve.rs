@@ -124,7 +124,7 @@ pub(crate) struct TokenArgs {
     token_lease: String,
     /// Nodes sharing the token-server rules: the fallback share is 1/N of each limit
     /// (default: the cluster's size, else 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     token_nodes: Option<u64>,
 }
 
@@ -220,10 +220,7 @@ fn token_spec(
     let timeout = duration("--token-timeout", &args.token.token_timeout)?;
     let lease = sluice_limits::clock::nanos(duration("--token-lease", &args.token.token_lease)?);
     anyhow::ensure!(lease > 0, "--token-lease must be positive");
-    let nodes = args
-        .token
-        .token_nodes
-        .unwrap_or_else(|| cluster.map_or(1, |c| c.peers.len() as u64 + 1));
+    let nodes = sluice_server::daemon::fallback_nodes(args.token.token_nodes, cluster);
     let node_id = args.node_id.or(args.token.token_server_id).unwrap_or(0);
     let mut client = ClientSpec::new(servers.clone(), node_id, key.clone(), nodes);
     client.timeout = timeout;
@@ -507,6 +504,19 @@ mod tests {
         let token = extras.token.unwrap();
         assert_eq!(token.client.node_id, 7);
         assert_eq!(token.client.nodes, 3, "the cluster's size");
+        // As --redis-nodes: 0 nodes is refused, not read as 1.
+        let command = Args::augment_args(clap::Command::new("sluice serve"));
+        assert!(
+            command
+                .try_get_matches_from([
+                    "sluice serve",
+                    "--token-servers",
+                    "1=127.0.0.1:7001",
+                    "--token-nodes",
+                    "0",
+                ])
+                .is_err()
+        );
         assert_eq!(token.client.timeout, Duration::from_millis(50), "default");
         assert!(token.server.is_none());
 
