@@ -53,11 +53,15 @@
 //! Lua numbers are doubles: integers are exact below 2^53 only. A unix time in ns (1.7e18)
 //! is past that, which is why server time is read in µs (exact until the year 2112).
 //! Before every call the values a script will compute are checked against 2^53 in the
-//! call's unit ([`Error::OutOfRange`] otherwise): in ns, caller times must stay below 104
-//! days; the token and leaky buckets keep their level in units of `1/period` permit: the
-//! token bucket needs `(burst + 2) × period < 2^53` units (in µs: up to 100,000 per day),
-//! the leaky bucket `(2 × burst + 1) × period < 2^53` (50,000 per day). GCRA, whose state
-//! is a time, needs only `now + (2 × burst + 1) × T < 2^53`. Every division in the scripts is corrected to the
+//! call's unit ([`Error::OutOfRange`] otherwise), for a state a charge left holding about
+//! twice the limit and a request of one limit's worth on top: in ns, caller times must stay
+//! below 104 days; the windows need `3 × count < 2^53`; the token and leaky buckets keep
+//! their level in units of `1/period` permit: the token bucket needs
+//! `(burst + 2) × period + count < 2^53` units (in µs: up to 100,000 per day) and
+//! `now + 2 × ⌈burst × period / count⌉ < 2^53` (a charge stores an empty bucket as of two
+//! full refills ahead), the leaky bucket `(3 × burst + 1) × period + count < 2^53` (in µs:
+//! up to 34,000 per day). GCRA, whose state is a time, needs only
+//! `now + (3 × burst + 1) × T < 2^53`. Every division in the scripts is corrected to the
 //! exact integer quotient. Warm-up keeps floating-point state: its script performs
 //! `sluice-limits`' operations in the same order on the same IEEE doubles and stores the
 //! stored fraction with 17 significant digits, which reads back as the same double; it

@@ -224,19 +224,32 @@ impl Call {
         if count >= EXACT || burst >= EXACT || p >= EXACT {
             return fail("the count, burst or period");
         }
+        // A charge leaves a state holding up to about twice the limit (`Algorithm::charge`),
+        // and a request of up to one limit's worth is added to it before it is refused: every
+        // bound below is for a state that holds three limits' worth.
         let ok = match shape.kind {
-            AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst => now_max + 2 * p < EXACT,
+            AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst => {
+                // Counts: up to 2N charged, plus a cost of up to N.
+                now_max + 2 * p < EXACT && 3 * count < EXACT
+            }
             AlgorithmKind::SlidingWindow => {
                 let k = u128::from(shape.param);
                 let width = p.div_ceil(k).max(1);
-                now_max + (k + 2) * width < EXACT
+                now_max + (k + 2) * width < EXACT && 3 * count < EXACT
             }
-            AlgorithmKind::SlidingLog => now_max + 2 * p < EXACT,
-            AlgorithmKind::TokenBucket => (burst + 2) * p + count < EXACT && now_max < EXACT,
-            AlgorithmKind::LeakyBucket => (2 * burst + 1) * p + count < EXACT && now_max < EXACT,
+            AlgorithmKind::SlidingLog => now_max + 2 * p < EXACT && 3 * count < EXACT,
+            // Levels in units of 1/period: a bucket and its refill, `(B + 2)·p + N`. A charge
+            // stores an empty bucket as of up to two full refills, `2·⌈B·p/N⌉`, ahead of now.
+            AlgorithmKind::TokenBucket => {
+                (burst + 2) * p + count < EXACT && now_max + 2 * (burst * p).div_ceil(count) < EXACT
+            }
+            // A level of up to `2B·p` after a charge, plus a cost of up to `B·p`, plus a
+            // drain of less than `N`.
+            AlgorithmKind::LeakyBucket => (3 * burst + 1) * p + count < EXACT && now_max < EXACT,
             AlgorithmKind::Gcra => {
+                // TAT up to `2B·T` ahead of now after a charge, plus a cost of up to `B·T`.
                 let t = p.div_ceil(count).max(1);
-                now_max + (2 * burst + 1) * t < EXACT
+                now_max + (3 * burst + 1) * t < EXACT
             }
             AlgorithmKind::WarmUp => {
                 // The next free instant stays within `reach` ahead of the time (the script
@@ -346,7 +359,8 @@ mod tests {
         };
         assert!(ok(&alg, "100000/1d"));
         let leaky = AnyAlgorithm::LeakyBucket(sluice_limits::LeakyBucket);
-        assert!(ok(&leaky, "50000/1d") && !ok(&leaky, "100000/1d"));
+        // A charged level holds two bursts, and a cost adds a third: 34,749 per day at most.
+        assert!(ok(&leaky, "34000/1d") && !ok(&leaky, "35000/1d") && !ok(&leaky, "100000/1d"));
         // Warm-up: a burst at the cold interval ahead of the time, plus the warm-up period.
         let warm = AnyAlgorithm::new(AlgorithmKind::WarmUp, sluice_limits::Options::default());
         assert!(ok(&warm, "1000000/1d"));
@@ -354,5 +368,47 @@ mod tests {
         assert!(!ok(&huge, "1/1s"));
         let long = AnyAlgorithm::WarmUp(sluice_limits::WarmUp::guava(u64::MAX));
         assert!(!ok(&long, "1/1s"));
+    }
+
+    /// Whether `alg` under `limit` may run at `now` (caller's time, ns).
+    fn fits(alg: &AnyAlgorithm, limit: &Limit, now: Nanos) -> bool {
+        Call::new(alg, "", "k", limit, TimeSource::Caller, now, 1, false, 0, 0).is_ok()
+    }
+
+    #[test]
+    fn the_guards_hold_a_state_charged_past_the_limit() {
+        let e = 1u64 << 53;
+        let l = |count: u64, period: Nanos, burst: u64| {
+            Limit::from_nanos(count, period)
+                .unwrap()
+                .with_burst(burst)
+                .unwrap()
+        };
+        // GCRA: a TAT two bursts ahead plus one burst's cost, `now + (3B + 1)·T < 2^53`.
+        let gcra = AnyAlgorithm::Gcra(sluice_limits::Gcra);
+        let g = l(1, 1000, 10);
+        assert!(fits(&gcra, &g, e - 31_000 - 1));
+        assert!(!fits(&gcra, &g, e - 31_000));
+        // Leaky bucket: a level of two bursts plus a cost, `(3B + 1)·p + N < 2^53`.
+        let leaky = AnyAlgorithm::LeakyBucket(sluice_limits::LeakyBucket);
+        assert!(fits(&leaky, &l(1, (1 << 51) - 1, 1), 0));
+        assert!(!fits(&leaky, &l(1, 1 << 51, 1), 0));
+        // Token bucket: empty as of two full refills ahead, `now + 2·⌈B·p/N⌉ < 2^53`.
+        let token = AnyAlgorithm::TokenBucket(sluice_limits::TokenBucket);
+        let t = l(1, 1000, 10);
+        assert!(fits(&token, &t, e - 20_000 - 1));
+        assert!(!fits(&token, &t, e - 20_000));
+        // The windows: a count of two limits plus a cost of one, `3N < 2^53`.
+        let n = (e - 1) / 3;
+        for kind in [
+            AlgorithmKind::FixedWindow,
+            AlgorithmKind::FixedWindowFirst,
+            AlgorithmKind::SlidingWindow,
+            AlgorithmKind::SlidingLog,
+        ] {
+            let alg = AnyAlgorithm::new(kind, sluice_limits::Options::default());
+            assert!(fits(&alg, &l(n, 1000, 1), 0), "{kind}");
+            assert!(!fits(&alg, &l(n + 1, 1000, 1), 0), "{kind}");
+        }
     }
 }

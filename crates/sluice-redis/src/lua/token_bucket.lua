@@ -67,6 +67,7 @@ local function charge(c)
   end
   local full = time_to(0, 0, burst)
   local owed = time_to(0, rc, math.min(c - rt, burst))
-  local paid = math.max(t, math.min(t + owed, now + 2 * full, 9007199254740991))
+  -- now + 2 * full < 2^53 (checked by the caller): exact, as sluice_limits computes it.
+  local paid = math.max(t, math.min(t + owed, now + 2 * full))
   store(0, 0, paid, paid - now + full)
 end
