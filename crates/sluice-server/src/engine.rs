@@ -291,6 +291,25 @@ impl CounterKey {
     }
 }
 
+/// A center that decides some rules for all nodes, as attached to the engine.
+#[derive(Clone, Copy)]
+enum Center<'e> {
+    /// `coordination: redis`.
+    Redis(&'e Central),
+    /// `coordination: token-server`.
+    TokenServer(&'e TokenClient),
+}
+
+impl Center<'_> {
+    /// The rules it decides.
+    fn coordination(self) -> Coordination {
+        match self {
+            Self::Redis(_) => Coordination::Redis,
+            Self::TokenServer(_) => Coordination::TokenServer,
+        }
+    }
+}
+
 /// The rule a descriptor gets.
 #[derive(Debug)]
 enum Matched<'c> {
@@ -558,26 +577,33 @@ impl Engine {
         now: Nanos,
         request: &Request,
     ) -> Result<Response, RequestError> {
-        let (central, token) = (self.central.get(), self.token.get());
-        if central.is_none() && token.is_none() {
+        let redis = self.central.get().map(|c| Center::Redis(c));
+        let token = self.token.get().map(|t| Center::TokenServer(t));
+        let Some(either) = redis.or(token) else {
             return self.decide(now, request, Mode::Check);
-        }
+        };
         let loaded = self.loaded.load_full();
         let Some(rules) = self.plan(&loaded, request)? else {
             return Ok(no_domain(request));
         };
-        // Redis and the token server are asked at once, so a request with descriptors of
-        // both waits for one timeout, not two.
-        let (by_redis, by_token) = tokio::join!(
-            self.centrally(Coordination::Redis, now, request, &rules),
-            self.centrally(Coordination::TokenServer, now, request, &rules),
-        );
-        let mut decided: Vec<Option<DescriptorStatus>> = vec![None; rules.len()];
-        for (i, status) in by_redis.into_iter().chain(by_token) {
-            if let Some(slot) = decided.get_mut(i) {
-                *slot = Some(status);
+        let decided = match (redis, token) {
+            (Some(redis), Some(token)) => {
+                // Redis and the token server are asked at once, so a request with
+                // descriptors of both waits for one timeout, not two.
+                let (mut by_redis, by_token) = tokio::join!(
+                    self.centrally(redis, now, request, &rules),
+                    self.centrally(token, now, request, &rules),
+                );
+                for (slot, status) in by_redis.iter_mut().zip(by_token) {
+                    if status.is_some() {
+                        *slot = status;
+                    }
+                }
+                by_redis
             }
-        }
+            // Only one is attached.
+            _ => self.centrally(either, now, request, &rules).await,
+        };
         let mut statuses = Vec::with_capacity(rules.len());
         for ((d, rule), decided) in request.descriptors.iter().zip(&rules).zip(decided) {
             let cost = cost_of(request, d);
@@ -595,44 +621,35 @@ impl Engine {
         Ok(respond(statuses))
     }
 
-    /// The statuses of the descriptors `center` (Redis or the token server) decides, by
-    /// index; empty when no such center is attached. In request order, one after the other:
-    /// two equal descriptors of one request see each other's hits, as in the synchronous
-    /// path, and once a call times out the center is in fallback and the rest decide at once.
+    /// The statuses of the descriptors `center` decides, by index (`None` for the others).
+    /// In request order, one after the other: two equal descriptors of one request see each
+    /// other's hits, as in the synchronous path, and once a call times out the center is in
+    /// fallback and the rest decide at once.
     async fn centrally(
         &self,
-        center: Coordination,
+        center: Center<'_>,
         now: Nanos,
         request: &Request,
         rules: &[Matched<'_>],
-    ) -> Vec<(usize, DescriptorStatus)> {
-        let mut out = Vec::new();
-        let (redis, token) = match center {
-            Coordination::Redis => (self.central.get(), None),
-            Coordination::TokenServer => (None, self.token.get()),
-            _ => return out,
-        };
-        if redis.is_none() && token.is_none() {
-            return out;
-        }
-        for (i, (d, rule)) in request.descriptors.iter().zip(rules).enumerate() {
+    ) -> Vec<Option<DescriptorStatus>> {
+        let mut out = vec![None; rules.len()];
+        let coordination = center.coordination();
+        for ((d, rule), slot) in request.descriptors.iter().zip(rules).zip(&mut out) {
             let Matched::Rule(r) = rule else { continue };
             let Policy::Limited(l) = &r.policy else {
                 continue;
             };
-            if l.coordination != center {
+            if l.coordination != coordination {
                 continue;
             }
             let cost = cost_of(request, d);
-            let status = match (redis, token) {
-                (Some(c), _) => {
+            *slot = Some(match center {
+                Center::Redis(c) => {
                     self.redis_limited(c, now, &request.domain, d, l, cost)
                         .await
                 }
-                (_, Some(t)) => token_limited(t, now, &request.domain, d, l, cost).await,
-                (None, None) => continue,
-            };
-            out.push((i, status));
+                Center::TokenServer(t) => token_limited(t, now, &request.domain, d, l, cost).await,
+            });
         }
         out
     }
