@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
 use crate::error::Error;
+use crate::script::AlgorithmId;
 use crate::store::RedisStore;
 
 /// Where the per-key state lives: decides a request of `cost` permits for `key` under
@@ -94,26 +95,9 @@ pub struct MemoryStore {
     states: parking_lot::Mutex<StateMap>,
 }
 
-/// Per algorithm, per key state: the algorithm is part of the key, as in Redis.
-type StateMap = HashMap<String, HashMap<String, AnyState>>;
-
-/// A name for `alg` with its parameters, so two differently configured algorithms never
-/// share a state.
-pub(crate) fn algorithm_id(alg: &AnyAlgorithm) -> std::borrow::Cow<'static, str> {
-    use sluice_limits::Alignment;
-    match alg {
-        AnyAlgorithm::FixedWindow(f) => match f.alignment() {
-            Alignment::Epoch => "fixed-window".into(),
-            Alignment::FirstRequest => "fixed-window-first".into(),
-        },
-        AnyAlgorithm::SlidingWindow(s) => format!("sliding-window/{}", s.sub_windows()).into(),
-        AnyAlgorithm::SlidingLog(_) => "sliding-log".into(),
-        AnyAlgorithm::LeakyBucket(_) => "leaky-bucket".into(),
-        AnyAlgorithm::TokenBucket(_) => "token-bucket".into(),
-        AnyAlgorithm::Gcra(_) => "gcra".into(),
-        AnyAlgorithm::WarmUp(w) => format!("{w:?}").into(),
-    }
-}
+/// Per algorithm (its parameters included), per key state: the algorithm is part of the
+/// key, as in Redis.
+type StateMap = HashMap<AlgorithmId, HashMap<String, AnyState>>;
 
 impl MemoryStore {
     /// An empty store.
@@ -146,13 +130,9 @@ impl MemoryStore {
         now: Nanos,
         f: impl FnOnce(&mut AnyState) -> R,
     ) -> Option<R> {
-        let id = algorithm_id(alg);
         let mut states = self.states.lock();
-        // Look up by borrowed names: no allocation once the key is known.
-        if !states.contains_key(id.as_ref()) {
-            states.insert(id.to_string(), HashMap::new());
-        }
-        let keys = states.get_mut(id.as_ref())?;
+        let keys = states.entry(AlgorithmId::of(alg)).or_default();
+        // Looked up by the borrowed key: no allocation once the key is known.
         if !keys.contains_key(key) {
             keys.insert(key.to_string(), alg.new_state(limit, now));
         }

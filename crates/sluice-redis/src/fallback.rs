@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
-use crate::backend::{Backend, algorithm_id};
+use crate::backend::Backend;
 use crate::debt::Debt;
 use crate::error::Error;
+use crate::script::AlgorithmId;
 
 /// Where decisions are being made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,12 +152,18 @@ pub struct FallbackLimiter<B> {
     fallback_since: AtomicU64,
     next_probe: AtomicU64,
     probing: AtomicBool,
+    /// Some key may owe Redis or have a charge on its way: a central call must look at its
+    /// key's debt before it asks. Set under the keys' lock with every debt; cleared under it
+    /// by a sweep that finds none, so the usual central call (nothing owed anywhere) asks
+    /// Redis without taking the lock first.
+    owing: AtomicBool,
 }
 
 /// A key's share state and debt, per algorithm (its parameters included) and key.
 #[derive(Debug, Default)]
 struct Keys {
-    by_algorithm: HashMap<String, HashMap<String, KeyState>>,
+    /// By a copyable id first, so a lookup by a borrowed key allocates nothing.
+    by_algorithm: HashMap<AlgorithmId, HashMap<String, KeyState>>,
     next_prune: Nanos,
 }
 
@@ -188,52 +195,54 @@ impl KeyState {
     }
 }
 
+/// One request, with what each step of it needs worked out once per call.
+struct Req<'a> {
+    alg: &'a AnyAlgorithm,
+    id: AlgorithmId,
+    key: &'a str,
+    limit: &'a Limit,
+    /// The node's share of `limit`.
+    share: Limit,
+    now: Nanos,
+    cost: u64,
+}
+
 impl Keys {
-    /// `key`'s state, created if new, with the limit and share as given now.
-    fn get(
-        &mut self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        share: &Limit,
-        now: Nanos,
-    ) -> Option<&mut KeyState> {
-        if now >= self.next_prune {
-            self.next_prune = now.saturating_add(PRUNE_EVERY);
-            self.prune(now);
-        }
-        let id = algorithm_id(alg);
-        // Look up by borrowed names: no allocation once the key is known.
-        if !self.by_algorithm.contains_key(id.as_ref()) {
-            self.by_algorithm.insert(id.to_string(), HashMap::new());
-        }
-        let keys = self.by_algorithm.get_mut(id.as_ref())?;
-        if !keys.contains_key(key) {
+    /// The request's key state, created if new, with the limit and share as given now.
+    fn get(&mut self, r: &Req<'_>) -> Option<&mut KeyState> {
+        let keys = self.by_algorithm.entry(r.id).or_default();
+        // Looked up by the borrowed key: no allocation once the key is known.
+        if !keys.contains_key(r.key) {
             let k = KeyState {
-                alg: *alg,
-                limit: *limit,
-                share: *share,
-                state: alg.new_state(share, now),
+                alg: *r.alg,
+                limit: *r.limit,
+                share: r.share,
+                state: r.alg.new_state(&r.share, r.now),
                 debt: Debt::new(),
                 charging: false,
             };
-            keys.insert(key.to_string(), k);
+            keys.insert(r.key.to_string(), k);
         }
-        let k = keys.get_mut(key)?;
-        (k.limit, k.share) = (*limit, *share);
+        let k = keys.get_mut(r.key)?;
+        (k.limit, k.share) = (*r.limit, r.share);
         Some(k)
     }
 
-    /// Forgets keys whose share state is new again and who owe nothing.
-    fn prune(&mut self, now: Nanos) {
+    /// Forgets keys whose share state is new again and who owe nothing (a debt that no
+    /// longer weighs is dropped); returns whether some key still owes or is being charged.
+    fn prune(&mut self, now: Nanos) -> bool {
+        let mut owing = false;
         for keys in self.by_algorithm.values_mut() {
             keys.retain(|_, k| {
-                k.charging
-                    || k.debt.due(&k.alg, &k.limit, now) > 0
-                    || !k.alg.is_idle(&k.state, &k.share, now)
+                if !k.charging && k.debt.due(&k.alg, &k.limit, now) == 0 {
+                    k.debt = Debt::new();
+                }
+                owing |= k.charging || !k.debt.is_empty();
+                k.charging || !k.debt.is_empty() || !k.alg.is_idle(&k.state, &k.share, now)
             });
         }
         self.by_algorithm.retain(|_, keys| !keys.is_empty());
+        owing
     }
 }
 
@@ -255,6 +264,7 @@ impl<B: Backend> FallbackLimiter<B> {
             fallback_since: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            owing: AtomicBool::new(false),
         }
     }
 
@@ -276,9 +286,30 @@ impl<B: Backend> FallbackLimiter<B> {
     pub fn owed(&self, alg: &AnyAlgorithm, key: &str, limit: &Limit, now: Nanos) -> u64 {
         let keys = self.keys.lock();
         keys.by_algorithm
-            .get(algorithm_id(alg).as_ref())
+            .get(&AlgorithmId::of(alg))
             .and_then(|m| m.get(key))
             .map_or(0, |k| k.debt.due(alg, limit, now))
+    }
+
+    /// The keys, swept of idle ones every [`PRUNE_EVERY`] of `now`.
+    fn keys(&self, now: Nanos) -> parking_lot::MutexGuard<'_, Keys> {
+        let mut keys = self.keys.lock();
+        if now >= keys.next_prune {
+            keys.next_prune = now.saturating_add(PRUNE_EVERY);
+            let owing = keys.prune(now);
+            // Under the lock, as every debt is recorded: no debt is missed.
+            self.owing.store(owing, Ordering::Release);
+        }
+        keys
+    }
+
+    /// Decides on the key's share, the admission owed to Redis; the caller holds the lock.
+    fn decide_owed(&self, k: &mut KeyState, r: &Req<'_>) -> Decision {
+        let d = k.decide_owed(r.now, r.cost);
+        if d.allowed {
+            self.owing.store(true, Ordering::Release);
+        }
+        d
     }
 
     /// Decides a request; never fails, never waits longer than the central timeout.
@@ -290,13 +321,22 @@ impl<B: Backend> FallbackLimiter<B> {
         now: Nanos,
         cost: u64,
     ) -> Outcome {
+        let r = Req {
+            alg,
+            id: AlgorithmId::of(alg),
+            key,
+            limit,
+            share: self.config.share.apply(limit),
+            now,
+            cost,
+        };
         let since = self.fallback_since.load(Ordering::Acquire);
         if since != 0
-            && let Some(out) = self.fallback(alg, key, limit, now, cost, since).await
+            && let Some(out) = self.fallback(&r, since).await
         {
             return out;
         }
-        match self.ask(alg, key, limit, now, cost, false).await {
+        match self.ask(&r, false).await {
             Asked::Local(d) => local(d, None, None),
             Asked::Answer(Ok(decision)) => central(decision, None),
             Asked::Answer(Err(e)) if e.is_unavailable() => {
@@ -315,48 +355,40 @@ impl<B: Backend> FallbackLimiter<B> {
                     )
                     .ok()
                     .map(|_| Transition::ToFallback { cause: e });
-                self.without_redis(alg, key, limit, now, cost, t)
+                self.without_redis(&r, t)
             }
-            Asked::Answer(Err(e)) => self.problem(alg, key, limit, now, cost, e),
+            Asked::Answer(Err(e)) => self.problem(&r, e),
         }
     }
 
     /// In fallback since `since`: the batch held, the share, or a probe. `None` when the
     /// mode turned central meanwhile (a probe of another request): the caller asks Redis.
-    async fn fallback(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-        since: Nanos,
-    ) -> Option<Outcome> {
+    async fn fallback(&self, r: &Req<'_>, since: Nanos) -> Option<Outcome> {
         // A batch still valid decides first: the node keeps to what Redis gave it.
-        let held = self.central.held(alg, key, limit, now, cost);
+        let held = self.central.held(r.alg, r.key, r.limit, r.now, r.cost);
         if let Some(d) = held.filter(|d| d.allowed) {
-            self.counted_centrally(alg, key, limit, now, cost);
+            self.counted_centrally(r);
             return Some(central(d, None));
         }
-        let probe = now >= self.next_probe.load(Ordering::Acquire)
+        let probe = r.now >= self.next_probe.load(Ordering::Acquire)
             && !self.probing.swap(true, Ordering::AcqRel);
         if !probe {
             return match held {
                 Some(d) => Some(central(d, None)),
-                None => self.share_if_fallback(alg, key, limit, now, cost),
+                None => self.share_if_fallback(r),
             };
         }
         self.next_probe.store(
-            now.saturating_add(self.config.probe_every),
+            r.now.saturating_add(self.config.probe_every),
             Ordering::Release,
         );
         // Cleared even if the caller drops this future mid-probe.
         let guard = ProbeGuard(&self.probing);
         // Only an answer of Redis itself counts as its return (not the batch, nor an
         // earlier refusal); the probe charges what the key owes first.
-        let r = self.ask(alg, key, limit, now, cost, true).await;
+        let asked = self.ask(r, true).await;
         drop(guard);
-        Some(match r {
+        Some(match asked {
             Asked::Local(d) => local(d, None, None),
             Asked::Answer(Ok(decision)) => {
                 let transition = self
@@ -368,31 +400,22 @@ impl<B: Backend> FallbackLimiter<B> {
                     });
                 central(decision, transition)
             }
-            Asked::Answer(Err(e)) if e.is_unavailable() => {
-                self.without_redis(alg, key, limit, now, cost, None)
-            }
-            Asked::Answer(Err(e)) => self.problem(alg, key, limit, now, cost, e),
+            Asked::Answer(Err(e)) if e.is_unavailable() => self.without_redis(r, None),
+            Asked::Answer(Err(e)) => self.problem(r, e),
         })
     }
 
     /// Asks Redis (`probe`: always Redis itself), charging what the key owes first; while
-    /// another call charges the key, decides locally instead.
-    async fn ask(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-        probe: bool,
-    ) -> Asked {
-        let share = self.config.share.apply(limit);
-        let owed = {
-            let mut keys = self.keys.lock();
-            match keys.get(alg, key, limit, &share, now) {
-                Some(k) if k.charging => return Asked::Local(k.decide_owed(now, cost)),
+    /// another call charges the key, decides locally instead. Takes the keys' lock once
+    /// when nothing is owed (after an admission, to count it on the share; not at all after
+    /// a refusal), twice otherwise.
+    async fn ask(&self, r: &Req<'_>, probe: bool) -> Asked {
+        let owed = if probe || self.owing.load(Ordering::Acquire) {
+            let mut keys = self.keys(r.now);
+            match keys.get(r) {
+                Some(k) if k.charging => return Asked::Local(self.decide_owed(k, r)),
                 Some(k) if !k.debt.is_empty() => {
-                    if k.debt.due(alg, limit, now) == 0 {
+                    if k.debt.due(r.alg, r.limit, r.now) == 0 {
                         k.debt = Debt::new();
                         None
                     } else {
@@ -402,109 +425,87 @@ impl<B: Backend> FallbackLimiter<B> {
                 }
                 _ => None,
             }
+        } else {
+            None
         };
-        let charge = owed.as_ref().map_or(0, |d| d.due(alg, limit, now));
+        let charge = owed.as_ref().map_or(0, |d| d.due(r.alg, r.limit, r.now));
         // Puts the debt back if this call fails or is dropped on the way.
         let mut pending = Pending {
             keys: &self.keys,
-            alg,
-            key,
+            id: r.id,
+            key: r.key,
             owed,
         };
-        let r = if probe || charge > 0 {
-            self.central.probe(alg, key, limit, now, cost, charge).await
+        let answer = if probe || charge > 0 {
+            self.central
+                .probe(r.alg, r.key, r.limit, r.now, r.cost, charge)
+                .await
         } else {
-            self.central.check(alg, key, limit, now, cost).await
+            self.central
+                .check(r.alg, r.key, r.limit, r.now, r.cost)
+                .await
         };
-        if let Ok(d) = &r {
-            let mut keys = self.keys.lock();
-            if let Some(k) = keys.get(alg, key, limit, &share, now) {
+        if let Ok(d) = &answer
+            && (d.allowed || pending.owed.is_some())
+        {
+            let mut keys = self.keys(r.now);
+            if let Some(k) = keys.get(r) {
                 if pending.owed.take().is_some() {
                     k.charging = false;
                 }
                 if d.allowed {
-                    take_what_fits(alg, &mut k.state, &share, now, cost);
+                    take_what_fits(r.alg, &mut k.state, &r.share, r.now, r.cost);
                 }
             }
         }
         drop(pending);
-        Asked::Answer(r)
+        Asked::Answer(answer)
     }
 
     /// A permit admitted from a batch of Redis: the share counts it (as far as it holds).
-    fn counted_centrally(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-    ) {
-        let share = self.config.share.apply(limit);
-        if let Some(k) = self.keys.lock().get(alg, key, limit, &share, now) {
-            take_what_fits(alg, &mut k.state, &share, now, cost);
+    fn counted_centrally(&self, r: &Req<'_>) {
+        if let Some(k) = self.keys(r.now).get(r) {
+            take_what_fits(r.alg, &mut k.state, &r.share, r.now, r.cost);
         }
     }
 
     /// In fallback, without asking Redis: the node's share, the admission owed. `None` if
     /// the mode is central again and no charge of the key is on its way: then only a
     /// central decision may follow what the key owes.
-    fn share_if_fallback(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-    ) -> Option<Outcome> {
-        let share = self.config.share.apply(limit);
-        let mut keys = self.keys.lock();
+    fn share_if_fallback(&self, r: &Req<'_>) -> Option<Outcome> {
+        let mut keys = self.keys(r.now);
         // Under the lock: a call that takes the key's debt after this sees this admission.
-        let k = keys.get(alg, key, limit, &share, now)?;
+        let k = keys.get(r)?;
         if self.fallback_since.load(Ordering::Acquire) == 0 && !k.charging {
             return None;
         }
-        Some(local(k.decide_owed(now, cost), None, None))
+        Some(local(self.decide_owed(k, r), None, None))
     }
 
     /// Redis did not answer: the batch held while it is valid, then the share, owed.
-    fn without_redis(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-        transition: Option<Transition>,
-    ) -> Outcome {
-        if let Some(d) = self.central.held(alg, key, limit, now, cost) {
+    fn without_redis(&self, r: &Req<'_>, transition: Option<Transition>) -> Outcome {
+        if let Some(d) = self.central.held(r.alg, r.key, r.limit, r.now, r.cost) {
             if d.allowed {
-                self.counted_centrally(alg, key, limit, now, cost);
+                self.counted_centrally(r);
             }
             return central(d, transition);
         }
-        let share = self.config.share.apply(limit);
-        let d = match self.keys.lock().get(alg, key, limit, &share, now) {
-            Some(k) => k.decide_owed(now, cost),
-            None => alg.peek(&alg.new_state(&share, now), &share, now, cost),
+        let d = match self.keys(r.now).get(r) {
+            Some(k) => self.decide_owed(k, r),
+            None => r
+                .alg
+                .peek(&r.alg.new_state(&r.share, r.now), &r.share, r.now, r.cost),
         };
         local(d, transition, None)
     }
 
     /// A rule Redis cannot run: decided on the share, owed to no one.
-    fn problem(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-        problem: Error,
-    ) -> Outcome {
-        let share = self.config.share.apply(limit);
-        let d = match self.keys.lock().get(alg, key, limit, &share, now) {
-            Some(k) => k.alg.check(&mut k.state, &share, now, cost),
-            None => alg.peek(&alg.new_state(&share, now), &share, now, cost),
+    fn problem(&self, r: &Req<'_>, problem: Error) -> Outcome {
+        let d = match self.keys(r.now).get(r) {
+            Some(k) => k.alg.check(&mut k.state, &r.share, r.now, r.cost),
+            None => r
+                .alg
+                .peek(&r.alg.new_state(&r.share, r.now), &r.share, r.now, r.cost),
         };
         local(d, None, Some(problem))
     }
@@ -514,7 +515,7 @@ impl<B: Backend> FallbackLimiter<B> {
 /// the call succeeded (`owed` taken).
 struct Pending<'a> {
     keys: &'a parking_lot::Mutex<Keys>,
-    alg: &'a AnyAlgorithm,
+    id: AlgorithmId,
     key: &'a str,
     owed: Option<Debt>,
 }
@@ -527,7 +528,7 @@ impl Drop for Pending<'_> {
         let mut keys = self.keys.lock();
         if let Some(k) = keys
             .by_algorithm
-            .get_mut(algorithm_id(self.alg).as_ref())
+            .get_mut(&self.id)
             .and_then(|m| m.get_mut(self.key))
         {
             k.debt.restore(owed);
@@ -771,6 +772,29 @@ mod tests {
         assert!(matches!(out.transition, Some(Transition::ToCentral { .. })));
         assert_eq!(*f.central.charges.lock(), [11]);
         assert_eq!(admit(&f, &alg, &l, w + S / 2, 100).await, (88, 0));
+    }
+
+    #[tokio::test]
+    async fn central_calls_skip_the_debts_once_a_sweep_finds_none_and_a_new_debt_is_charged() {
+        let (f, alg, l) = rig(false);
+        let t = 10 * S;
+        f.central.down.store(true, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, t, 5).await, (0, 5));
+        assert!(f.owing.load(Ordering::Acquire));
+        f.central.down.store(false, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, t + S / 5, 1).await, (1, 0));
+        assert_eq!(*f.central.charges.lock(), [5]);
+        // The sweep ten seconds on finds nothing owed: central calls ask at once.
+        assert_eq!(admit(&f, &alg, &l, t + 20 * S, 1).await, (1, 0));
+        assert!(!f.owing.load(Ordering::Acquire));
+        // Down again: what the share admits is owed, and charged on the return.
+        f.central.down.store(true, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, t + 21 * S, 3).await, (0, 3));
+        assert!(f.owing.load(Ordering::Acquire));
+        f.central.down.store(false, Ordering::Release);
+        assert_eq!(admit(&f, &alg, &l, t + 21 * S + S / 5, 1).await, (1, 0));
+        assert_eq!(*f.central.charges.lock(), [5, 3]);
+        assert_eq!(f.owed(&alg, "k", &l, t + 21 * S + S / 5), 0);
     }
 
     #[test]

@@ -103,6 +103,15 @@ impl Shape {
         }
     }
 
+    /// What tells this algorithm's states apart from another's.
+    pub(crate) fn id(&self) -> AlgorithmId {
+        AlgorithmId {
+            kind: self.kind,
+            param: self.param,
+            factor: self.factor.to_bits(),
+        }
+    }
+
     pub(crate) fn script(&self) -> &'static Script {
         &SCRIPTS[self.index]
     }
@@ -116,6 +125,25 @@ impl Shape {
         } else {
             vec![base]
         }
+    }
+}
+
+/// An algorithm with its parameters (the fixed window's alignment, the sliding window's
+/// sub-windows, the warm-up's period and cold factor), as a key of per-algorithm state
+/// maps: two differently configured algorithms never share a state. Copied and hashed as
+/// three words, so a lookup on the hot path neither formats nor allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AlgorithmId {
+    kind: AlgorithmKind,
+    param: u64,
+    /// The cold factor's bits (every factor is finite: one bit pattern per value).
+    factor: u64,
+}
+
+impl AlgorithmId {
+    /// `alg`'s id.
+    pub(crate) fn of(alg: &AnyAlgorithm) -> Self {
+        Shape::of(alg).id()
     }
 }
 
