@@ -23,7 +23,7 @@ use std::str::FromStr;
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::fixed_window::{FixedWindow, FixedWindowState};
+use crate::fixed_window::{Alignment, FixedWindow, FixedWindowState};
 use crate::gcra::{Gcra, GcraState};
 use crate::leaky_bucket::{LeakyBucket, LeakyState};
 use crate::limit::Limit;
@@ -205,6 +205,24 @@ impl AnyAlgorithm {
             AlgorithmKind::WarmUp => Self::WarmUp(options.warm_up),
         }
     }
+
+    /// This algorithm's kind (the fixed window's alignment tells its two kinds apart), as
+    /// [`AnyAlgorithm::new`] takes it.
+    #[must_use]
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            Self::FixedWindow(f) => match f.alignment() {
+                Alignment::Epoch => AlgorithmKind::FixedWindow,
+                Alignment::FirstRequest => AlgorithmKind::FixedWindowFirst,
+            },
+            Self::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
+            Self::SlidingLog(_) => AlgorithmKind::SlidingLog,
+            Self::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
+            Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
+            Self::Gcra(_) => AlgorithmKind::Gcra,
+            Self::WarmUp(_) => AlgorithmKind::WarmUp,
+        }
+    }
 }
 
 /// Runs `$body` with `$a` bound to the algorithm and `$s` to its state when they match, or
@@ -277,6 +295,13 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn kind_is_what_new_was_given() {
+        for k in AlgorithmKind::ALL {
+            assert_eq!(AnyAlgorithm::new(k, Options::default()).kind(), k);
+        }
+    }
 
     #[test]
     fn names_round_trip() {
