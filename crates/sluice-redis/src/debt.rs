@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use sluice_limits::{AlgorithmKind, Alignment, AnyAlgorithm, Limit, Nanos};
+use sluice_limits::{Alignment, AnyAlgorithm, Limit, Nanos};
 
 use crate::script::charge_cap;
 
@@ -57,7 +57,7 @@ impl Debt {
             .iter()
             .filter(|e| e.1 >= since)
             .fold(0u64, |a, e| a.saturating_add(e.2));
-        due.min(charge_cap(kind(alg), limit))
+        due.min(charge_cap(alg.kind(), limit))
     }
 
     /// Whether nothing is owed.
@@ -83,21 +83,6 @@ impl Debt {
         while self.entries.front().is_some_and(|e| e.1 < since) {
             self.entries.pop_front();
         }
-    }
-}
-
-fn kind(alg: &AnyAlgorithm) -> AlgorithmKind {
-    match alg {
-        AnyAlgorithm::FixedWindow(f) => match f.alignment() {
-            Alignment::Epoch => AlgorithmKind::FixedWindow,
-            Alignment::FirstRequest => AlgorithmKind::FixedWindowFirst,
-        },
-        AnyAlgorithm::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
-        AnyAlgorithm::SlidingLog(_) => AlgorithmKind::SlidingLog,
-        AnyAlgorithm::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
-        AnyAlgorithm::TokenBucket(_) => AlgorithmKind::TokenBucket,
-        AnyAlgorithm::Gcra(_) => AlgorithmKind::Gcra,
-        AnyAlgorithm::WarmUp(_) => AlgorithmKind::WarmUp,
     }
 }
 
@@ -140,7 +125,7 @@ fn weighs_since(alg: &AnyAlgorithm, limit: &Limit, now: Nanos) -> Nanos {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_limits::Options;
+    use sluice_limits::{AlgorithmKind, Options};
 
     const S: Nanos = 1_000_000_000;
 

@@ -78,22 +78,24 @@ pub(crate) struct Shape {
 impl Shape {
     /// The script for `alg`.
     pub(crate) fn of(alg: &AnyAlgorithm) -> Self {
-        let (kind, index, param, factor) = match alg {
-            AnyAlgorithm::FixedWindow(f) => match f.alignment() {
-                Alignment::Epoch => (AlgorithmKind::FixedWindow, 0, 0, 0.0),
-                Alignment::FirstRequest => (AlgorithmKind::FixedWindowFirst, 0, 1, 0.0),
-            },
-            AnyAlgorithm::SlidingWindow(s) => (
-                AlgorithmKind::SlidingWindow,
-                1,
-                u64::from(s.sub_windows()),
-                0.0,
-            ),
-            AnyAlgorithm::SlidingLog(_) => (AlgorithmKind::SlidingLog, 2, 0, 0.0),
-            AnyAlgorithm::LeakyBucket(_) => (AlgorithmKind::LeakyBucket, 3, 0, 0.0),
-            AnyAlgorithm::TokenBucket(_) => (AlgorithmKind::TokenBucket, 4, 0, 0.0),
-            AnyAlgorithm::Gcra(_) => (AlgorithmKind::Gcra, 5, 0, 0.0),
-            AnyAlgorithm::WarmUp(w) => (AlgorithmKind::WarmUp, 6, w.warmup(), w.cold_factor()),
+        let kind = alg.kind();
+        let (param, factor) = match alg {
+            AnyAlgorithm::FixedWindow(f) => {
+                (u64::from(f.alignment() == Alignment::FirstRequest), 0.0)
+            }
+            AnyAlgorithm::SlidingWindow(s) => (u64::from(s.sub_windows()), 0.0),
+            AnyAlgorithm::WarmUp(w) => (w.warmup(), w.cold_factor()),
+            _ => (0, 0.0),
+        };
+        // One script per kind, the fixed window's two alignments sharing one.
+        let index = match kind {
+            AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst => 0,
+            AlgorithmKind::SlidingWindow => 1,
+            AlgorithmKind::SlidingLog => 2,
+            AlgorithmKind::LeakyBucket => 3,
+            AlgorithmKind::TokenBucket => 4,
+            AlgorithmKind::Gcra => 5,
+            AlgorithmKind::WarmUp => 6,
         };
         Self {
             kind,
