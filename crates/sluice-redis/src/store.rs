@@ -142,24 +142,6 @@ impl RedisStore {
             .decision)
     }
 
-    /// Takes up to `wanted` permits at once (batched mode): all of them if the limit admits
-    /// them, else what it still holds. Returns the decision for the permits taken and
-    /// their number (0 when refused).
-    ///
-    /// # Errors
-    /// As [`RedisStore::check`].
-    pub async fn acquire(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        wanted: u64,
-    ) -> Result<(Decision, u64), Error> {
-        let r = self.call(alg, key, limit, now, wanted, true, 0).await?;
-        Ok((r.decision, r.granted))
-    }
-
     /// Answers `PING` within the timeout.
     ///
     /// # Errors
@@ -197,12 +179,7 @@ impl RedisStore {
             return Ok(());
         }
         let call = self.prepare(alg, key, limit, now, 0, false, n)?;
-        self.bounded(async {
-            let mut live = self.connection().await?;
-            invoke(&mut live, &call).await
-        })
-        .await
-        .map(|_| ())
+        self.run(None, &call).await.map(|_| ())
     }
 
     /// [`RedisStore::charge`] of `charge` permits, then a decision (or a partial grant) of
@@ -224,16 +201,21 @@ impl RedisStore {
             0 => None,
             n => Some(self.prepare(alg, key, limit, now, 0, false, n)?),
         };
-        let v = self
-            .bounded(async {
-                let mut live = self.connection().await?;
-                if let Some(first) = &first {
-                    invoke(&mut live, first).await?;
-                }
-                invoke(&mut live, &call).await
-            })
-            .await?;
+        let v = self.run(first.as_ref(), &call).await?;
         call.reply(&v)
+    }
+
+    /// Runs `first` (a charge), if any, then `call`, on one connection and within one
+    /// timeout: `call` is taken after `first` was counted. `call`'s raw reply.
+    async fn run(&self, first: Option<&Call>, call: &Call) -> Result<Vec<i64>, Error> {
+        self.bounded(async {
+            let mut live = self.connection().await?;
+            if let Some(first) = first {
+                invoke(&mut live, first).await?;
+            }
+            invoke(&mut live, call).await
+        })
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
