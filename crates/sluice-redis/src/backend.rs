@@ -14,7 +14,8 @@ use crate::store::RedisStore;
 /// Where the per-key state lives: decides a request of `cost` permits for `key` under
 /// `limit` with `alg` at `now`.
 pub trait Backend: Send + Sync {
-    /// Decides, consuming the permits if admitted.
+    /// Decides, consuming the permits if admitted. By default a [`Backend::probe`] without
+    /// a charge: a store that holds nothing locally has no cheaper answer.
     fn check(
         &self,
         alg: &AnyAlgorithm,
@@ -22,7 +23,9 @@ pub trait Backend: Send + Sync {
         limit: &Limit,
         now: Nanos,
         cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send;
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        self.probe(alg, key, limit, now, cost, 0)
+    }
 
     /// Decides from what this backend already holds for `key` (a batch taken from the
     /// central store earlier and still valid), without I/O: `None` when it holds nothing
@@ -60,18 +63,8 @@ pub trait Backend: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
 }
 
+/// `check` is the default, a probe without a charge: the same script call.
 impl Backend for RedisStore {
-    fn check(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        RedisStore::check(self, alg, key, limit, now, cost)
-    }
-
     async fn probe(
         &self,
         alg: &AnyAlgorithm,
@@ -162,18 +155,8 @@ impl MemoryStore {
     }
 }
 
+/// `check` is the default, a probe without a charge: [`MemoryStore::decide`].
 impl Backend for MemoryStore {
-    fn check(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        std::future::ready(Ok(self.decide(alg, key, limit, now, cost)))
-    }
-
     /// The charge is counted as Redis counts it ([`MemoryStore::charge`]), then the request
     /// decided.
     fn probe(
