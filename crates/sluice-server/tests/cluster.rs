@@ -3,8 +3,11 @@
 //! carried by `sluice-coord`), with skewed load applied straight to the engines.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
+mod view;
+use view::unix_now;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sluice_server::cluster::{Cluster, ClusterSpec, PeerSpec};
 use sluice_server::peer::{PeerKey, seal};
@@ -84,13 +87,6 @@ async fn start(n: usize) -> Vec<Node> {
         });
     }
     nodes
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
 }
 
 /// Offers `rates[i]` requests/s to node `i` for `secs`; returns (admitted, refused) per node

@@ -4,10 +4,13 @@
 //! force stays (with its counters).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
+mod view;
+use view::unix_now;
+
 use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sluice_server::ConfigSource;
 use sluice_server::daemon::{Daemon, DaemonSpec};
@@ -21,13 +24,6 @@ fn rules(per_minute: u32) -> String {
 }
 
 const DAY: u64 = 86_400 * 1_000_000_000;
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
 
 /// One request for tenant `t` (per day, windows aligned to the unix epoch): (limit in
 /// force, remaining), consuming one hit.

@@ -8,10 +8,10 @@
 mod support;
 mod view;
 
-use view::cluster_view;
+use view::{cluster_view, unix_now};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sluice_server::engine::central::{self, CentralMode, RedisMode};
 use sluice_server::peer::PeerKey;
@@ -30,16 +30,6 @@ descriptors:
       algorithm: sliding-log
       coordination: redis
 ";
-
-fn now() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    )
-    .unwrap()
-}
 
 fn engine(url: &str, mode: RedisMode, timeout: Duration, nodes: u64) -> Arc<Engine> {
     let e = Engine::new(Config::from_yaml("rules.yaml", RULES).unwrap());
@@ -60,7 +50,7 @@ async fn load(engines: &[Arc<Engine>], user: &str, tasks: usize, each: usize) ->
             handles.push(tokio::spawn(async move {
                 let mut ok = 0;
                 for _ in 0..each {
-                    let resp = e.should_rate_limit_async(now(), &r).await.unwrap();
+                    let resp = e.should_rate_limit_async(unix_now(), &r).await.unwrap();
                     ok += usize::from(resp.overall_code == Code::Ok);
                 }
                 ok
@@ -113,7 +103,7 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
     let r = req("carol");
     // Central: 20 of the 100 permits used.
     for _ in 0..20 {
-        let resp = node.should_rate_limit_async(now(), &r).await.unwrap();
+        let resp = node.should_rate_limit_async(unix_now(), &r).await.unwrap();
         assert_eq!(resp.overall_code, Code::Ok);
     }
     // Load from two tasks while Redis is killed under them.
@@ -125,7 +115,7 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
             let mut seen = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let start = Instant::now();
-                let resp = node.should_rate_limit_async(now(), &r).await.unwrap();
+                let resp = node.should_rate_limit_async(unix_now(), &r).await.unwrap();
                 seen.push((start, start.elapsed(), resp.overall_code == Code::Ok));
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
@@ -192,7 +182,7 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
             "redis is back but the node stays in fallback"
         );
         let start = Instant::now();
-        node.should_rate_limit_async(now(), &req("probe"))
+        node.should_rate_limit_async(unix_now(), &req("probe"))
             .await
             .unwrap();
         assert!(start.elapsed() <= BOUND);
@@ -201,7 +191,10 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
     // Central again: the whole limit, not the share.
     let mut ok = 0;
     for _ in 0..120 {
-        let resp = node.should_rate_limit_async(now(), &fresh).await.unwrap();
+        let resp = node
+            .should_rate_limit_async(unix_now(), &fresh)
+            .await
+            .unwrap();
         ok += usize::from(resp.overall_code == Code::Ok);
     }
     assert_eq!(ok, 100);
@@ -211,7 +204,7 @@ async fn redis_killed_mid_load_falls_back_to_the_share_and_comes_back() {
     // rest of the limit, not all of it again.
     let mut ok = 0;
     for _ in 0..120 {
-        let resp = node.should_rate_limit_async(now(), &r).await.unwrap();
+        let resp = node.should_rate_limit_async(unix_now(), &r).await.unwrap();
         ok += usize::from(resp.overall_code == Code::Ok);
     }
     assert!(
@@ -264,7 +257,7 @@ descriptors:
         ],
     );
     let start = Instant::now();
-    let resp = e.should_rate_limit_async(now(), &r).await.unwrap();
+    let resp = e.should_rate_limit_async(unix_now(), &r).await.unwrap();
     let took = start.elapsed();
     // Both centers were asked and did not answer (a refused connection would be at once).
     assert!(took >= TIMEOUT, "{took:?}");
@@ -310,11 +303,17 @@ descriptors:
         })
         .collect();
     let r = req("grace");
-    let first = nodes[0].should_rate_limit_async(now(), &r).await.unwrap();
+    let first = nodes[0]
+        .should_rate_limit_async(unix_now(), &r)
+        .await
+        .unwrap();
     assert_eq!(first.overall_code, Code::Ok);
     // A cold key's first permit costs 280 ms (10/s, Guava's ramp over 1 s): the other node
     // is refused meanwhile, by Redis.
-    let second = nodes[1].should_rate_limit_async(now(), &r).await.unwrap();
+    let second = nodes[1]
+        .should_rate_limit_async(unix_now(), &r)
+        .await
+        .unwrap();
     assert_eq!(second.overall_code, Code::OverLimit, "{second:?}");
     for n in &nodes {
         let s = n.central_status().unwrap();

@@ -10,11 +10,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod view;
-use view::cluster_view;
+use view::{cluster_view, unix_now};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sluice_limits::{AlgorithmKind, Limit};
 use sluice_redis::Source;
@@ -38,16 +38,6 @@ descriptors:
       requests_per_unit: 100
       coordination: token-server
 ";
-
-fn now() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    )
-    .unwrap()
-}
 
 fn key() -> PeerKey {
     PeerKey::from_text("token-server-test-key-0123456789").unwrap()
@@ -92,7 +82,7 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let s = self.node.status();
-            if s.active && s.serving_from.is_some_and(|f| f <= now()) {
+            if s.active && s.serving_from.is_some_and(|f| f <= unix_now()) {
                 return;
             }
             assert!(Instant::now() < deadline, "server never serves: {s:?}");
@@ -146,7 +136,7 @@ fn engine(c: impl Into<Arc<TokenClient>>) -> Arc<Engine> {
 
 /// Waits for the start of the next second.
 async fn next_window() {
-    let t = now();
+    let t = unix_now();
     tokio::time::sleep(Duration::from_nanos(SECOND - t % SECOND + 1_000_000)).await;
 }
 
@@ -168,7 +158,7 @@ async fn load_engines(
                 let r = Request::new("d", [Descriptor::new([("user", "u")])]);
                 let mut log = Log::new();
                 while Instant::now() < until {
-                    let (t, start) = (now(), Instant::now());
+                    let (t, start) = (unix_now(), Instant::now());
                     let resp = e.should_rate_limit_async(t, &r).await.unwrap();
                     log.push((t, resp.overall_code == Code::Ok, true, start.elapsed()));
                     tokio::time::sleep(every).await;
@@ -256,7 +246,7 @@ async fn load_clients(
             handles.push(tokio::spawn(async move {
                 let mut log = Decided::new();
                 while Instant::now() < until {
-                    let (t, start) = (now(), Instant::now());
+                    let (t, start) = (unix_now(), Instant::now());
                     let (d, source) = c.check(AlgorithmKind::FixedWindow, "k", &limit, t, 1).await;
                     let took = start.elapsed();
                     let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
@@ -298,9 +288,9 @@ async fn a_killed_server_means_local_decisions_within_the_timeout() {
         let v = cluster_view(e).await;
         assert_eq!(v["token_server"]["mode"], "central", "{v}");
     }
-    let killing = now();
+    let killing = unix_now();
     server.kill().await;
-    let killed = now();
+    let killed = unix_now();
     let log = load.await.unwrap();
     // Every decision came back, and none waited much past the timeout (slack for a busy
     // machine).
@@ -395,7 +385,7 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
             handles.push(tokio::spawn(async move {
                 let mut log = Log::new();
                 while Instant::now() < until {
-                    let (t, start) = (now(), Instant::now());
+                    let (t, start) = (unix_now(), Instant::now());
                     let (d, source) = c.check(AlgorithmKind::FixedWindow, "k", &limit, t, 1).await;
                     log.push((t, d.allowed, source == Source::Central, start.elapsed()));
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -407,7 +397,7 @@ async fn a_successor_serves_after_the_old_leases_and_the_limit_holds_across() {
     // Kill the primary in the middle of a window.
     tokio::time::sleep(Duration::from_millis(1_400)).await;
     primary.kill().await;
-    let killed = now();
+    let killed = unix_now();
     // Until the successor serves, the clients decide locally, and say so.
     let mut seen = [false; 2];
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -546,12 +536,12 @@ async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_boun
     next_window().await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     relay.cut(true);
-    let cut = now() / SECOND;
+    let cut = unix_now() / SECOND;
     next_window().await;
     next_window().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     relay.cut(false);
-    let healed = now() / SECOND;
+    let healed = unix_now() / SECOND;
     let log = load.await.unwrap();
 
     // Per window: admissions by node, from leases and local.

@@ -1,9 +1,23 @@
+//! What the tests that run live engines share: the wall clock engines decide on, and
 //! `GET /v1/cluster` of an engine's HTTP API, for the tests that check what it shows.
 #![allow(clippy::unwrap_used)]
+#![allow(dead_code)] // each test target uses its own part
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use sluice_server::Engine;
+
+/// Now on the wall clock, in nanoseconds since the unix epoch (windows aligned to it).
+pub(crate) fn unix_now() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap()
+}
 
 /// `GET /v1/cluster` of `engine`'s HTTP API (served on 127.0.0.1 for this call), as JSON.
 pub(crate) async fn cluster_view(engine: &Arc<Engine>) -> serde_json::Value {
