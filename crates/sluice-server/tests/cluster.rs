@@ -232,14 +232,32 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
     let before = nodes[0].cluster.status();
     let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let wrong = PeerKey::from_text("not-the-cluster-key-at-all-0000").unwrap();
-    // A well-formed frame under the wrong key, one from a non-member under the right key,
-    // and noise.
+    // What the forged frames carry: node 1 giving node 0 thousands of limits' worth of the
+    // key, addressed to node 0's incarnation — applied, it would move node 0's share.
+    let cluster_key = u64::from_str_radix(&settled.0[0].0, 16).unwrap();
+    let gift = sluice_coord::wire::encode(&sluice_coord::wire::Message {
+        from_inc: nodes[1].cluster.status().incarnation,
+        to_inc: before.incarnation,
+        keys: vec![sluice_coord::wire::KeyEntry {
+            key: cluster_key,
+            given: u64::from(u32::MAX),
+            seen: 0,
+            indicator: 0.0,
+            saturated: false,
+            relay: 0.0,
+            relay_hops: 0,
+            idle: false,
+        }],
+        ..sluice_coord::wire::Message::default()
+    });
+    // That message in a well-formed frame under the wrong key, and from a non-member under
+    // the right key; and noise.
     attacker
-        .send_to(&seal(&wrong, 1, 0, b"x").unwrap(), target)
+        .send_to(&seal(&wrong, 1, 0, &gift).unwrap(), target)
         .await
         .unwrap();
     attacker
-        .send_to(&seal(&key(), 9, 0, b"x").unwrap(), target)
+        .send_to(&seal(&key(), 9, 0, &gift).unwrap(), target)
         .await
         .unwrap();
     attacker.send_to(b"garbage", target).await.unwrap();
@@ -274,6 +292,24 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
     let now = shares_of(&nodes[0]);
     let same = within(&now, &settled, 2);
     assert!(same, "the shares moved: {settled:?} → {now:?}");
+    // The check can fail: the same message, sealed by node 1 under the cluster's key, is
+    // applied and moves node 0's share.
+    attacker
+        .send_to(&seal(&key(), 1, 0, &gift).unwrap(), target)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let moved = shares_of(&nodes[0]);
+        if !within(&moved, &settled, 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the authentic gift was not applied: {moved:?}"
+        );
+    }
     stop(nodes).await;
 }
 
