@@ -226,8 +226,8 @@ async fn two_nodes_never_admit_more_than_the_limit_per_window() {
     }
 }
 
-/// What one node's client decided: (node, when it completed, admitted, who decided, how
-/// long it took).
+/// What one node's client decided: (node, the time it was asked to decide at, admitted,
+/// who decided, how long it took).
 type Decided = Vec<(usize, u64, bool, Source, Duration)>;
 
 /// `tasks` callers per client, one request each `every`, until `until`, straight to the
@@ -248,9 +248,7 @@ async fn load_clients(
                 while Instant::now() < until {
                     let (t, start) = (unix_now(), Instant::now());
                     let (d, source) = c.check(AlgorithmKind::FixedWindow, "k", &limit, t, 1).await;
-                    let took = start.elapsed();
-                    let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-                    log.push((i, done, d.allowed, source, took));
+                    log.push((i, t, d.allowed, source, start.elapsed()));
                     tokio::time::sleep(every).await;
                 }
                 log
@@ -303,8 +301,10 @@ async fn a_killed_server_means_local_decisions_within_the_timeout() {
     // L/N) (docs/PROTOCOL.md, token server fallback) — a node's share counts what it took
     // from leases in the window, and it never uses its share while its lease lasts.
     let mut windows: BTreeMap<u64, (u64, [u64; 2])> = BTreeMap::new();
-    for &(node, done, ok, source, _) in &log {
+    for &(node, t, ok, source, took) in &log {
         if ok {
+            // Counted when the answer came back (as `per_window` does).
+            let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
             let w = windows.entry(done / SECOND).or_default();
             w.0 += 1;
             if source == Source::Central {
@@ -505,7 +505,9 @@ impl Relay {
 /// L + both nodes' local permits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_bounds() {
-    const TIMEOUT: Duration = Duration::from_millis(50);
+    // Long enough that a stalled machine does not time a call out (an extra transition) while
+    // the relay passes; a cut fails the calls at once anyway.
+    const TIMEOUT: Duration = Duration::from_millis(250);
     let (mut ls, servers) = listeners(1);
     let server = Server::start(ls.remove(0), server_spec(&servers, 0));
     let relay = Relay::start(servers[0].authority.clone()).await;
@@ -544,11 +546,12 @@ async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_boun
     let healed = unix_now() / SECOND;
     let log = load.await.unwrap();
 
-    // Per window: admissions by node, from leases and local.
+    // Per window: admissions by node, from leases and local, each in the window of the time
+    // the client decided at (a stall after the decision must not move it to the next one).
     let mut windows: BTreeMap<u64, [[u64; 2]; 2]> = BTreeMap::new();
-    for &(node, done, ok, source, _) in &log {
+    for &(node, t, ok, source, _) in &log {
         if ok {
-            let w = windows.entry(done / SECOND).or_default();
+            let w = windows.entry(t / SECOND).or_default();
             w[node][usize::from(source == Source::Local)] += 1;
         }
     }
@@ -578,8 +581,9 @@ async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_boun
         }
     }
     let slowest = log.iter().map(|l| l.4).max().unwrap();
+    // The timeout plus slack for a loaded 2-core machine.
     assert!(
-        slowest <= TIMEOUT + Duration::from_millis(150),
+        slowest <= TIMEOUT + Duration::from_millis(500),
         "a decision took {slowest:?}"
     );
     for c in &clients {
