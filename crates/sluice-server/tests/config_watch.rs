@@ -104,6 +104,8 @@ async fn a_changed_file_takes_effect_and_an_invalid_one_is_refused() {
     // A valid change (the lengths differ, so even a coarse modification time shows it).
     write(&file, &rules(70));
     until("the new limit", || check(&engine, "probe").0 == 70).await;
+    // The watcher counts a reload after applying it: the counter may lag the new limit.
+    until("the reload counted", || reloads(http, "ok") == 1).await;
     assert_eq!(reloads(http, "ok"), 1);
     assert_eq!(reloads(http, "refused"), 0);
     let day = unix_now() / DAY;
@@ -127,6 +129,7 @@ async fn a_changed_file_takes_effect_and_an_invalid_one_is_refused() {
     // Fixed again: applied.
     write(&file, &rules(9));
     until("the fixed limit", || check(&engine, "probe2").0 == 9).await;
+    until("the second reload counted", || reloads(http, "ok") == 2).await;
     assert_eq!(reloads(http, "ok"), 2);
     daemon.shutdown().await;
 }
