@@ -30,39 +30,11 @@ const T0: u64 = 1_700_006_400 * 1_000_000_000 + 250_000_000;
 /// Every test finishes well within this, or fails.
 const BOUND: Duration = Duration::from_secs(20);
 
-/// envoyproxy/ratelimit README, "Example 1".
-const EXAMPLE_1: &str = "
-domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-";
+/// envoyproxy/ratelimit README, "Example 1" (the table the engine test checks too).
+const EXAMPLE_1: &str = support::EXAMPLES[0].yaml;
 
 /// envoyproxy/ratelimit README, "Example 3".
-const EXAMPLE_3: &str = "
-domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-";
+const EXAMPLE_3: &str = support::EXAMPLES[2].yaml;
 
 struct Server {
     engine: Arc<Engine>,
