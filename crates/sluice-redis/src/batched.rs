@@ -12,6 +12,7 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::script::Shape;
 use crate::store::RedisStore;
+use crate::sweep::{PRUNE_EVERY, Sweep};
 
 /// How batches are sized and how long they live.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,21 +83,18 @@ pub struct BatchedStore {
 #[derive(Debug, Default)]
 struct Leases {
     map: HashMap<(String, AlgorithmKind), Lease>,
-    next_prune: Nanos,
+    sweep: Sweep,
 }
 
-/// How often, on the node's clock, the batches are swept; a key's batch goes once it has
-/// been expired (and any refusal over) for as long. Only the rate estimate is lost with it:
-/// an expired batch holds no permit that could still be given out.
-const PRUNE_EVERY: Nanos = 10_000_000_000;
-
 impl Leases {
-    /// Drops the batches idle for [`PRUNE_EVERY`], at most once per [`PRUNE_EVERY`].
+    /// Drops the batches idle for [`PRUNE_EVERY`], at most once per [`PRUNE_EVERY`]: a key's
+    /// batch goes once it has been expired (and any refusal over) for as long. Only the rate
+    /// estimate is lost with it: an expired batch holds no permit that could still be given
+    /// out.
     fn prune(&mut self, now: Nanos) {
-        if now < self.next_prune {
+        if !self.sweep.due(now) {
             return;
         }
-        self.next_prune = now.saturating_add(PRUNE_EVERY);
         self.map
             .retain(|_, l| now < l.expires.max(l.refused_until).saturating_add(PRUNE_EVERY));
     }

@@ -9,6 +9,7 @@ use crate::backend::Backend;
 use crate::debt::Debt;
 use crate::error::Error;
 use crate::script::AlgorithmId;
+use crate::sweep::Sweep;
 
 /// Where decisions are being made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,11 +165,10 @@ pub struct FallbackLimiter<B> {
 struct Keys {
     /// By a copyable id first, so a lookup by a borrowed key allocates nothing.
     by_algorithm: HashMap<AlgorithmId, HashMap<String, KeyState>>,
-    next_prune: Nanos,
+    /// Idle keys are forgotten at most every
+    /// [`PRUNE_EVERY`](crate::sweep::PRUNE_EVERY) of the caller's clock.
+    sweep: Sweep,
 }
-
-/// Idle keys are forgotten this often (the caller's clock).
-const PRUNE_EVERY: Nanos = 10_000_000_000;
 
 #[derive(Debug)]
 struct KeyState {
@@ -291,11 +291,10 @@ impl<B: Backend> FallbackLimiter<B> {
             .map_or(0, |k| k.debt.due(alg, limit, now))
     }
 
-    /// The keys, swept of idle ones every [`PRUNE_EVERY`] of `now`.
+    /// The keys, swept of idle ones when a sweep is due at `now`.
     fn keys(&self, now: Nanos) -> parking_lot::MutexGuard<'_, Keys> {
         let mut keys = self.keys.lock();
-        if now >= keys.next_prune {
-            keys.next_prune = now.saturating_add(PRUNE_EVERY);
+        if keys.sweep.due(now) {
             let owing = keys.prune(now);
             // Under the lock, as every debt is recorded: no debt is missed.
             self.owing.store(owing, Ordering::Release);

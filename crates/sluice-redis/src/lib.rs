@@ -82,6 +82,7 @@ mod error;
 mod fallback;
 mod script;
 mod store;
+mod sweep;
 
 pub use backend::{Backend, MemoryStore};
 pub use batched::{BatchConfig, BatchedStore, ConsumptionRate};
