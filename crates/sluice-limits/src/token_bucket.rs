@@ -428,7 +428,8 @@ impl Algorithm for TokenBucket {
             last: r.last,
         };
         let full = time_to(&empty(0), &p, p.burst);
-        let owed = time_to(&empty(r.credit), &p, (n - r.tokens).min(p.burst));
+        // `n` is at most the burst, so the rest owed is at most one bucket.
+        let owed = time_to(&empty(r.credit), &p, n - r.tokens);
         let paid = r.last.saturating_add(owed);
         let reach = now.saturating_add(full.saturating_mul(2));
         *state = TokenBucketState {

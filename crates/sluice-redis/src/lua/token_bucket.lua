@@ -66,7 +66,9 @@ local function charge(c)
     return
   end
   local full = time_to(0, 0, burst)
-  local owed = time_to(0, rc, math.min(c - rt, burst))
+  -- c is at most the burst (the caller caps a charge), so the rest owed is at most one
+  -- bucket.
+  local owed = time_to(0, rc, c - rt)
   -- now + 2 * full < 2^53 (checked by the caller): exact, as sluice_limits computes it.
   local paid = math.max(t, math.min(t + owed, now + 2 * full))
   store(0, 0, paid, paid - now + full)
