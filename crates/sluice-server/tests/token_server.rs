@@ -227,7 +227,7 @@ async fn two_nodes_never_admit_more_than_the_limit_per_window() {
 }
 
 /// What one node's client decided: (node, the time it was asked to decide at, admitted,
-/// who decided, how long it took).
+/// who decided, how long it took — so when the answer came back).
 type Decided = Vec<(usize, u64, bool, Source, Duration)>;
 
 /// `tasks` callers per client, one request each `every`, until `until`, straight to the
@@ -546,12 +546,15 @@ async fn a_partition_from_the_server_and_back_keeps_every_window_within_the_boun
     let healed = unix_now() / SECOND;
     let log = load.await.unwrap();
 
-    // Per window: admissions by node, from leases and local, each in the window of the time
-    // the client decided at (a stall after the decision must not move it to the next one).
+    // Per window: admissions by node, from leases and local, each counted when its answer
+    // came back. Not at the time asked for: a grant's permits are decided at its arrival
+    // (`TokenClient::check` adds the call's duration), so a request sent just before a
+    // window ends can admit from the next window's lease.
     let mut windows: BTreeMap<u64, [[u64; 2]; 2]> = BTreeMap::new();
-    for &(node, t, ok, source, _) in &log {
+    for &(node, t, ok, source, took) in &log {
         if ok {
-            let w = windows.entry(t / SECOND).or_default();
+            let done = t + u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            let w = windows.entry(done / SECOND).or_default();
             w[node][usize::from(source == Source::Local)] += 1;
         }
     }
