@@ -482,26 +482,36 @@ async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
     let memory = MemoryStore::new();
     let l = Limit::from_nanos(10, 1000).unwrap();
     let alg = |k| AnyAlgorithm::new(k, Options::default());
-    let ok = |k: AlgorithmKind, t: u64, cost: u64| {
+    // A request for `key` under `limit`: Redis and memory decide alike.
+    let ok_for = |k: AlgorithmKind, key: &'static str, limit: Limit, t: u64, cost: u64| {
         let (redis, memory) = (&redis, &memory);
         async move {
-            let got = redis.check(&alg(k), "k", &l, t, cost).await.unwrap();
-            assert_eq!(got, memory.decide(&alg(k), "k", &l, t, cost), "{k} at {t}");
+            let got = redis.check(&alg(k), key, &limit, t, cost).await.unwrap();
+            let want = memory.decide(&alg(k), key, &limit, t, cost);
+            assert_eq!(got, want, "{k} {key} at {t}");
             got.allowed
         }
     };
-    let charge = |k: AlgorithmKind, t: u64, n: u64| {
+    let ok = |k: AlgorithmKind, t: u64, cost: u64| ok_for(k, "k", l, t, cost);
+    let charge_for = |k: AlgorithmKind, key: &'static str, t: u64, n: u64| {
         let (redis, memory) = (&redis, &memory);
         async move {
-            memory.charge(&alg(k), "k", &l, t, n);
-            redis.charge(&alg(k), "k", &l, t, n).await.unwrap();
+            memory.charge(&alg(k), key, &l, t, n);
+            redis.charge(&alg(k), key, &l, t, n).await.unwrap();
         }
     };
+    let charge = |k: AlgorithmKind, t: u64, n: u64| charge_for(k, "k", t, n);
 
     // Fixed window: 20 counted, the window refuses until it ends.
     let fw = AlgorithmKind::FixedWindow;
     charge(fw, 0, 10).await;
     charge(fw, 1, 10).await;
+    // Under 15 per window the 20 refuse where 10 would admit: the second charge was
+    // neither dropped nor capped at the limit.
+    let fifteen = Limit::from_nanos(15, 1000).unwrap();
+    assert!(!ok_for(fw, "k", fifteen, 999, 1).await);
+    charge_for(fw, "ten", 0, 10).await;
+    assert!(ok_for(fw, "ten", fifteen, 999, 1).await);
     assert!(!ok(fw, 999, 1).await);
     assert!(ok(fw, 1000, 10).await);
 
@@ -542,6 +552,14 @@ async fn a_charge_past_the_limit_holds_until_it_is_paid_back() {
     charge(sw, 0, 10).await;
     assert!(!ok(sw, 999, 1).await);
     assert!(ok(sw, 1000, 10).await);
+    // 10 at 0 and 10 at 500: at 1000 the first have left and the second still fill the
+    // window (dropped or capped, they would not), until they leave it at 1500.
+    charge_for(sw, "apart", 0, 10).await;
+    charge_for(sw, "apart", 500, 10).await;
+    assert!(!ok_for(sw, "apart", l, 999, 1).await);
+    assert!(!ok_for(sw, "apart", l, 1000, 1).await);
+    assert!(!ok_for(sw, "apart", l, 1499, 1).await);
+    assert!(ok_for(sw, "apart", l, 1500, 10).await);
 
     // Warm-up without a ramp and a cold factor of 1: a burst costs 1000; three charged
     // push the next free instant to 2000, then to its reach, 2 × (1000 + 1) ahead.
