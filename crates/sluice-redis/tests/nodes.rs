@@ -186,9 +186,10 @@ async fn server_time_ignores_the_callers_clock() {
 }
 
 /// Warm-up on the server's clock (µs): a cold key's first permit costs the first step of the
-/// ramp (10/s, Guava's factor 3 over 1 s: stored permits 10, threshold 5, so the permit taken
-/// at 10 costs (300 + 260) / 2 = 280 ms), the next request waits for it, in whole µs, and a
-/// second node sees the same state.
+/// ramp (1/s, Guava's factor 3 over 10 s: stored permits 10, threshold 5, so the permit taken
+/// at 10 costs (3 + 2.6) / 2 = 2.8 s), the next request waits for it, in whole µs, and a
+/// second node sees the same state. Seconds, so the second call comes within them even on a
+/// loaded machine.
 #[tokio::test]
 async fn warm_up_runs_on_server_time() {
     let server = RedisServer::start();
@@ -196,16 +197,16 @@ async fn warm_up_runs_on_server_time() {
         RedisStore::new(&server.url(), config("w:")).unwrap(),
         RedisStore::new(&server.url(), config("w:")).unwrap(),
     ];
-    let alg = AnyAlgorithm::new(AlgorithmKind::WarmUp, Options::default());
-    let limit: Limit = "10/1s".parse().unwrap();
+    let alg = AnyAlgorithm::WarmUp(sluice_limits::WarmUp::guava(10_000_000_000));
+    let limit: Limit = "1/1s".parse().unwrap();
     let d = nodes[0].check(&alg, "k", &limit, 0, 1).await.unwrap();
     assert!(d.allowed);
-    assert_eq!(d.reset_after, 280_000_000);
+    assert_eq!(d.reset_after, 2_800_000_000);
     let d = nodes[1].check(&alg, "k", &limit, 0, 1).await.unwrap();
     assert!(!d.allowed);
     let retry = d.retry_after.unwrap();
     // Less whatever time passed between the two calls (well under a second here).
-    assert!(retry > 0 && retry <= 280_000_000, "{retry}");
+    assert!(retry > 0 && retry <= 2_800_000_000, "{retry}");
     assert_eq!(retry % 1000, 0, "whole microseconds");
 }
 
