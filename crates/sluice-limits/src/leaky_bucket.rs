@@ -49,8 +49,10 @@ use crate::limit::Limit;
 ///
 /// **Limit changes.** The level (permits in the bucket, rounded up to the new period's
 /// resolution) is kept: a new rate changes how fast it leaks from the change on, a smaller
-/// burst refuses until the level is below it. The bound above holds for intervals starting
-/// at or after the change, with the new limit.
+/// burst refuses until the level is below it. A change of period keeps at most twice the
+/// new burst (a bucket that full still refuses until two bursts have leaked at the new
+/// rate). The bound above holds for intervals starting at or after the change, with the new
+/// limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeakyBucket;
 
@@ -75,8 +77,12 @@ impl LeakyState {
         u64::try_from(self.level.div_ceil(u128::from(self.unit))).unwrap_or(u64::MAX)
     }
 
-    /// The level in units of `1/period` permit for `limit`'s period, rounded up (a change
-    /// of period never loses water).
+    /// The level in units of `1/period` permit for `limit`'s period. After a change of
+    /// period it is re-expressed exactly, rounded up (a change of period never loses water),
+    /// and kept at most twice the burst: a level that high refuses until two bursts have
+    /// leaked, and it is the most a charge leaves. Without the cap, many permits taken into a
+    /// much longer period (a much smaller rate) pass what the Redis script computes exactly
+    /// (its range check covers a level of two bursts).
     fn level_in(&self, limit: &Limit) -> u128 {
         let (from, to) = (u128::from(self.unit), u128::from(limit.period()));
         if from == to || self.level == 0 {
@@ -85,8 +91,16 @@ impl LeakyState {
         if from == 0 {
             return 0;
         }
+        let bursts = 2 * u128::from(limit.burst());
+        let full = bursts.saturating_mul(to);
         let (q, r) = (self.level / from, self.level % from);
-        q.saturating_mul(to).saturating_add((r * to).div_ceil(from))
+        if q >= bursts {
+            return full;
+        }
+        // `q < 2·burst`, so this is at most `(q + 1)·to ≤ full`; `r·to < from·to` fits.
+        q.saturating_mul(to)
+            .saturating_add((r * to).div_ceil(from))
+            .min(full)
     }
 }
 
@@ -371,6 +385,61 @@ mod tests {
                 Shaped::Delay(100 * ms)
             ]
         );
+    }
+
+    /// `a·b` as its high and low 128 bits.
+    fn wide(a: u128, b: u128) -> (u128, u128) {
+        let m = u128::from(u64::MAX);
+        let (a1, a0, b1, b0) = (a >> 64, a & m, b >> 64, b & m);
+        let (mid, carry) = (a0 * b1).overflowing_add(a1 * b0);
+        let (low, carry_low) = (a0 * b0).overflowing_add(mid << 64);
+        let high = a1 * b1 + (mid >> 64) + (u128::from(carry) << 64) + u128::from(carry_low);
+        (high, low)
+    }
+
+    fn wide_values() -> impl proptest::strategy::Strategy<Value = u64> {
+        proptest::prop_oneof![1u64..=1000, 1u64..=u64::MAX, (u64::MAX - 1000)..=u64::MAX]
+    }
+
+    proptest::proptest! {
+        /// A level re-expressed in another period is `min(⌈level·to/from⌉, 2·burst·to)`,
+        /// exactly (checked in 256-bit products), for any level, periods and burst, and
+        /// never panics.
+        #[test]
+        fn a_change_of_period_is_exact_up_to_two_bursts(
+            level in proptest::prop_oneof![
+                proptest::num::u128::ANY,
+                0u128..(1 << 70),
+                0u128..1_000_000,
+            ],
+            from in wide_values(),
+            to in wide_values(),
+            burst in wide_values(),
+        ) {
+            let s = LeakyState { level, unit: from, last: 0 };
+            let l = Limit::from_nanos(1, to).unwrap().with_burst(burst).unwrap();
+            let got = s.level_in(&l);
+            if from == to {
+                proptest::prop_assert_eq!(got, level);
+                return Ok(());
+            }
+            let full = (2 * u128::from(burst)).saturating_mul(u128::from(to));
+            proptest::prop_assert!(got <= full, "{} past two bursts, {}", got, full);
+            let exact = wide(level, u128::from(to));
+            if got < full {
+                proptest::prop_assert!(wide(got, u128::from(from)) >= exact, "lost water");
+            }
+            if got > 0 {
+                proptest::prop_assert!(wide(got - 1, u128::from(from)) < exact, "not the ceiling");
+            }
+        }
+    }
+
+    #[test]
+    fn wide_products() {
+        assert_eq!(wide(u128::MAX, u128::MAX), (u128::MAX - 1, 1));
+        assert_eq!(wide(1 << 64, 1 << 64), (1, 0));
+        assert_eq!(wide(3, 5), (0, 15));
     }
 
     #[test]

@@ -26,6 +26,12 @@ fn limit() -> impl Strategy<Value = Limit> {
         .prop_map(|(n, t, b)| Limit::from_nanos(n, t).unwrap().with_burst(b).unwrap())
 }
 
+/// Limits over the whole range: small, large, and near `u64::MAX` counts, periods and bursts.
+fn wide_limit() -> impl Strategy<Value = Limit> {
+    let v = || prop_oneof![1u64..=16, 1u64..=1_000_000_000_000, 1u64..=u64::MAX];
+    (v(), v(), v()).prop_map(|(n, t, b)| Limit::from_nanos(n, t).unwrap().with_burst(b).unwrap())
+}
+
 /// Runs `trace` through `alg`, switching from `l1` to `l2` at index `switch`; returns the
 /// admitted `(time, cost)` at or after the switch, and the refused ones too.
 #[allow(clippy::type_complexity)]
@@ -171,6 +177,46 @@ proptest! {
                 let room = u128::from(l2.burst()) * u128::from(l2.period())
                     + u128::from(e - s) * u128::from(l2.count());
                 prop_assert!(sum * u128::from(l2.period()) <= room);
+            }
+        }
+    }
+
+    /// A change of period (a reload changing the rate) keeps at most two bursts in the
+    /// bucket, whatever the limits (up to `u64::MAX`) and the level taken over: right after
+    /// it the bucket is empty within `⌈2·burst·T/N⌉`, the meter's bound holds from the
+    /// change on, and nothing panics or overflows.
+    #[test]
+    fn leaky_period_change_keeps_at_most_two_bursts(
+        l1 in wide_limit(), l2 in wide_limit(), gap in prop_oneof![Just(0u64), 0u64..=u64::MAX / 2],
+        tr in trace(30, 3),
+    ) {
+        prop_assume!(l1.period() != l2.period());
+        let a = LeakyBucket;
+        let mut s = a.new_state(&l1, 0);
+        // A full bucket, and a burst more charged on top (what a fallback's charge leaves).
+        prop_assert!(a.check(&mut s, &l1, 0, l1.burst()).allowed);
+        a.charge(&mut s, &l1, 0, l1.burst());
+        let d = a.peek(&s, &l2, gap, 0);
+        let two = (2 * u128::from(l2.burst()))
+            .saturating_mul(u128::from(l2.period()))
+            .div_ceil(u128::from(l2.count()));
+        prop_assert!(u128::from(d.reset_after) <= two, "{} > {}", d.reset_after, two);
+        // From the change on: at most burst + (e − s)·N/T in [s, e] (where the products
+        // fit in 128 bits; a saturated room says nothing).
+        let mut ok = Vec::new();
+        for &(t, c) in &tr {
+            let t = gap.saturating_add(t);
+            if a.check(&mut s, &l2, t, c).allowed {
+                ok.push((t, c));
+            }
+        }
+        let (n, t) = (u128::from(l2.count()), u128::from(l2.period()));
+        for (i, &(s, _)) in ok.iter().enumerate() {
+            let mut sum = 0u128;
+            for &(e, c) in &ok[i..] {
+                sum += u128::from(c);
+                let room = (u128::from(l2.burst()) * t).saturating_add(u128::from(e - s) * n);
+                prop_assert!(sum.saturating_mul(t) <= room);
             }
         }
     }

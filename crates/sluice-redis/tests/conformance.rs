@@ -467,6 +467,86 @@ fn memory_and_redis_charge_alike() {
     }
 }
 
+/// The leaky bucket across changes of period far apart (a reload from a rate per µs or ms
+/// to one per hours, and back), charges included: re-expressed in the new period, a level
+/// of many permits passes 2^53 units unless it is kept within two bursts, and the remainder
+/// times the new period passes 2^53 too, so the script must compute the conversion exactly
+/// to decide as `sluice-limits` at every step.
+#[test]
+fn leaky_bucket_changes_of_period_are_sluice_limits_to_the_bit() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let lim = |(n, p, b): (u64, u64, u64)| Limit::from_nanos(n, p).unwrap().with_burst(b).unwrap();
+    let short = (1u64..=1000, 1_000u64..=1_000_000_000, 1u64..=1000).prop_map(lim);
+    // `(3·16 + 1)·2·10^13 + 16 < 2^53`: within the range check.
+    let long = (1u64..=16, 1_000_000_000u64..=20_000_000_000_000, 1u64..=16).prop_map(lim);
+    let step = (
+        prop_oneof![
+            2 => Just(0u64),
+            3 => 1u64..1_000_000,
+            2 => 1_000_000u64..1_000_000_000_000,
+        ],
+        prop_oneof![1 => 0u64..=3, 2 => 1u64..=1000],
+        proptest::bool::weighted(0.15),
+        proptest::bool::weighted(0.2),
+    );
+    let strategy = (short, long, proptest::collection::vec(step, 1..120));
+    let result = runner.run(&strategy, |(short, long, steps)| {
+        let alg = AnyAlgorithm::new(AlgorithmKind::LeakyBucket, Options::default());
+        let config = RedisConfig {
+            prefix: unique_prefix(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let memory = MemoryStore::new();
+        rt.block_on(async {
+            let mut now: u64 = 1_000_000;
+            let mut limit = short;
+            for (i, &(dt, cost, switch, charge)) in steps.iter().enumerate() {
+                now += dt;
+                if switch {
+                    limit = if limit == short { long } else { short };
+                }
+                if charge {
+                    memory.charge(&alg, "k", &limit, now, cost);
+                    redis
+                        .charge(&alg, "k", &limit, now, cost)
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                    continue;
+                }
+                let want = memory.check(&alg, "k", &limit, now, cost).await.unwrap();
+                let got = redis
+                    .check(&alg, "k", &limit, now, cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "request {} (cost {}) at {} under {}",
+                    i,
+                    cost,
+                    now,
+                    limit
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// Charges past the limit are counted too (within twice the limit): every algorithm refuses
 /// until the excess has left the window or drained, not only until the limit would have;
 /// memory charges and decides alike at every step.

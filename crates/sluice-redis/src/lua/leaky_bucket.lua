@@ -9,28 +9,46 @@ local last = tonumber(st[3]) or 0
 local early = sat_sub(last, now)
 local t = math.max(now, last)
 
--- The level in units of 1/period permit, rounded up (a change of period loses no water).
+local cap = burst * period
+
+-- ceil(a * b / c) for integers 0 <= a < c < 2^53, 0 <= b < 2^53, exactly although the
+-- product may pass 2^53: a * b is built from the bits of b, highest first, as q * c + r
+-- with 0 <= r < c (every step stays below 2^53; the result is at most b).
+local function mul_cdiv(a, b, c)
+  if a * b < 9007199254740992 then return cdiv(a * b, c) end
+  local bits = {}
+  while b > 0 do
+    local h = math.floor(b / 2)
+    bits[#bits + 1] = b - 2 * h
+    b = h
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q = 2 * q
+    if r >= c - r then r = r - (c - r); q = q + 1 else r = 2 * r end
+    if bits[i] == 1 then
+      if r >= c - a then r = r - (c - a); q = q + 1 else r = r + a end
+    end
+  end
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- The level in units of 1/period permit. After a change of period it is re-expressed
+-- exactly, rounded up (a change of period loses no water), and kept at most twice the burst
+-- (the most a charge leaves, which the range check covers).
 local function level_in()
   if unit == period or level0 == 0 then return level0 end
   if unit == 0 then return 0 end
   local q = idiv(level0, unit)
-  local r = level0 - q * unit
-  local p = r * period
-  local up
-  if p < 9007199254740992 then
-    up = cdiv(p, unit)
-  else
-    -- Past 2^53 the product is not exact: round up generously (never less water).
-    up = math.ceil(p / unit) + 1
-  end
-  return q * period + up
+  if q >= 2 * burst then return 2 * cap end
+  -- q < 2 * burst: at most (q + 1) * period <= 2 * cap.
+  return q * period + mul_cdiv(level0 - q * unit, period, unit)
 end
 
 local level = level_in()
 local elapsed = t - last
 if elapsed >= cdiv(level, count) then level = 0 else level = level - elapsed * count end
-
-local cap = burst * period
 local function room(l) return idiv(sat_sub(cap, l), period) end
 local function drain_time(u) return cdiv(u, count) end
 
