@@ -359,8 +359,16 @@ pub struct Scenario {
     pub seed: u64,
     /// The gain.
     pub gain: Gain,
-    /// The global limit `L` (capacity units per cycle); `None`: the measure's default.
+    /// The global limit `L` (requests per cycle, [`Scenario::units_per_request`] capacity
+    /// units each); `None`: the measure's default.
     pub limit: Option<u64>,
+    /// Capacity units per request `K` of the Sluice nodes and the static split, as
+    /// `sluice serve` maps a rule onto its 2²⁰ units: the nodes divide `K·L` units, a
+    /// node's demand reaches it as `K·r` units, and a node holding `u` units admits
+    /// `⌊u/K⌋` requests per cycle. Demand, admissions and the report stay in requests.
+    /// 1 (the default): a unit is a request. `dst-sync`'s shares are real numbers, so
+    /// it takes only 1.
+    pub units_per_request: u64,
     /// Per-message loss probability.
     pub loss: f64,
     /// Per-message duplication probability.
@@ -397,6 +405,7 @@ impl Scenario {
             seed: 0,
             gain: Gain::Stable,
             limit: None,
+            units_per_request: 1,
             loss: 0.0,
             dup: 0.0,
             reorder: false,
@@ -435,11 +444,17 @@ pub struct Report {
     pub relay: bool,
     /// Global limit `L`.
     pub limit: u64,
+    /// Capacity units per request of the nodes (absent when 1, so runs without the option
+    /// print what they always printed).
+    #[serde(skip_serializing_if = "is_one")]
+    pub units_per_request: u64,
     /// Seed 000 §6: `Σ_k (a_ideal − a_total) / Σ_k a_ideal × 100`, `a_ideal = min(L, r_total)`.
     pub over_throttling_pct: f64,
     /// `Σ_k max(0, accepted_k − L) / Σ_k L × 100`.
     pub overshoot_pct: f64,
-    /// Largest `(Σ enforced − L)/L` seen at any instant (≤ 0: conservation held).
+    /// Largest `(Σ enforced − L)/L` seen at any instant (≤ 0: conservation held). With
+    /// several units per request it is counted in units, `(Σ u − K·L)/(K·L)`: an upper
+    /// bound of the same ratio in requests, since `Σ ⌊u/K⌋ ≤ Σ u / K`.
     pub max_share_sum_over_limit: f64,
     /// Seed 003 eq. 16 over the performance indicators at the end.
     pub jfi_final: f64,
@@ -451,6 +466,15 @@ pub struct Report {
     /// Encoded bytes sent per node per cycle.
     pub bytes_per_node_per_cycle: f64,
 }
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn is_one(v: &u64) -> bool {
+    *v == 1
+}
+
+/// The largest number of capacity units a run may divide, `K·L`: the nodes' law, demand
+/// and indicators are `f64`, exact for integers up to 2⁵³.
+pub const MAX_UNITS: u64 = 1 << 53;
 
 /// One cycle of the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -683,7 +707,29 @@ pub fn run_on(
     if limit == 0 {
         return Err(ClusterError::Invalid("the limit must be positive".into()));
     }
-    let measure = s.measure.measure(limit, n);
+    let per = s.units_per_request;
+    if per == 0 {
+        return Err(ClusterError::Invalid(
+            "--units-per-request 0: a request is at least one capacity unit".into(),
+        ));
+    }
+    if per > 1 && s.strategy == Strategy::DstSync {
+        return Err(ClusterError::Invalid(format!(
+            "--units-per-request {per}: dst-sync's shares are real numbers, not units \
+             (the option applies to sluice and static)"
+        )));
+    }
+    let units = limit
+        .checked_mul(per)
+        .filter(|&u| u <= MAX_UNITS)
+        .ok_or_else(|| {
+            ClusterError::Invalid(format!(
+                "--units-per-request {per} with a limit of {limit}: K·L must be at most 2^53 \
+                 capacity units (the nodes compute in f64)"
+            ))
+        })?;
+    // The nodes' measure (its floors and caps) and hence the gain are in capacity units.
+    let measure = s.measure.measure(units, n);
     let gamma = gain(s.gain, topo, &measure)?;
     let demand = Demand::new(s.workload, n, limit as f64, s.cycles, s.seed);
     let mut ctx = Run {
@@ -691,6 +737,7 @@ pub fn run_on(
         topo,
         n,
         limit,
+        per,
         measure,
         gamma,
         demand: &demand,
@@ -726,13 +773,16 @@ struct Run<'a> {
     s: &'a Scenario,
     topo: &'a Topology,
     n: usize,
+    /// `L`, requests per cycle.
     limit: u64,
+    /// Capacity units per request `K`.
+    per: u64,
     measure: Measure,
     gamma: f64,
     demand: &'a Demand,
 }
 
-/// `(trace, max Σ enforced − L, (messages, bytes), final indicators)`.
+/// `(trace, max Σ enforced − K·L in capacity units, (messages, bytes), final indicators)`.
 type Raw = (Vec<CycleRow>, f64, (u64, u64), Vec<f64>);
 
 /// Events of cycle `k`: `(crashed, restarted, partition started (nodes), healed)`.
@@ -792,7 +842,10 @@ impl Run<'_> {
     /// The real nodes on the simulated network.
     fn sluice(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<Raw, ClusterError> {
         let s = self.s;
-        let (n, limit, measure, gamma) = (self.n, self.limit, self.measure, self.gamma);
+        let (n, measure, gamma) = (self.n, self.measure, self.gamma);
+        // The nodes divide K·L capacity units (validated in `run_on` not to overflow).
+        let per = self.per;
+        let units = self.limit * per;
         let max_delay = match (s.delay_ms, s.reorder) {
             (0, true) => CYCLE_NS,
             (d, _) => d.saturating_mul(1_000_000),
@@ -807,7 +860,7 @@ impl Run<'_> {
             nn,
             &self.edges(),
             |id, links| {
-                let mut cfg = Config::new(id, (0..nn).collect(), links, limit);
+                let mut cfg = Config::new(id, (0..nn).collect(), links, units);
                 cfg.gamma = gamma;
                 cfg.measure = measure;
                 cfg.cycle = CYCLE_NS;
@@ -839,14 +892,20 @@ impl Run<'_> {
             for (i, (&v, old)) in r.iter().zip(last.iter_mut()).enumerate() {
                 // Only changes are applied: the harness re-asserts demand every cycle.
                 if v.to_bits() != old.to_bits() {
-                    c.set_demand(i as u32, KEY, v);
+                    // In capacity units, as the daemon turns hits into units (× K is exact
+                    // for K = 1).
+                    c.set_demand(i as u32, KEY, v * per as f64);
                     *old = v;
                 }
             }
             c.run_cycle();
             let now = c.now();
+            // A node holding u units admits ⌊u/K⌋ requests (the daemon's `scaled`).
             let enforced: Vec<f64> = (0..nn)
-                .map(|i| c.node(i).map_or(0.0, |nd| nd.enforced(KEY, now) as f64))
+                .map(|i| {
+                    c.node(i)
+                        .map_or(0.0, |nd| (nd.enforced(KEY, now) / per) as f64)
+                })
                 .collect();
             trace.push(self.row(k, &r, &enforced, &c.indicators(KEY)));
             progress(k + 1, s.cycles);
@@ -973,12 +1032,16 @@ impl Run<'_> {
         (trace, max_over, (msgs, msgs * DST_MESSAGE_BYTES), live_q)
     }
 
-    /// `L/N` each (1/N rule with the remainder to the lowest ids), never moves.
+    /// `L/N` each (1/N rule with the remainder to the lowest ids), never moves. With K units
+    /// per request, `K·L/N` units each, admitting `⌊units/K⌋` requests.
     fn fixed(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Raw {
         let s = self.s;
         let n = self.n;
-        let cfg = Config::new(0, (0..n as u32).collect(), Vec::new(), self.limit);
-        let share: Vec<f64> = (0..n as u32).map(|i| cfg.initial_share(i) as f64).collect();
+        let per = self.per;
+        let units = self.limit * per;
+        let cfg = Config::new(0, (0..n as u32).collect(), Vec::new(), units);
+        let held: Vec<u64> = (0..n as u32).map(|i| cfg.initial_share(i)).collect();
+        let share: Vec<f64> = held.iter().map(|&u| (u / per) as f64).collect();
         let mut alive = vec![true; n];
         let mut max_over = f64::NEG_INFINITY;
         let mut trace = Vec::with_capacity(s.cycles as usize);
@@ -995,10 +1058,12 @@ impl Run<'_> {
             let enforced: Vec<f64> = (0..n)
                 .map(|i| if alive[i] { share[i] } else { 0.0 })
                 .collect();
-            max_over = max_over.max(enforced.iter().sum::<f64>() - self.limit as f64);
+            let held_sum: u64 = (0..n).filter(|&i| alive[i]).map(|i| held[i]).sum();
+            max_over = max_over.max(held_sum as f64 - units as f64);
+            // The measure is in units: demand and share as the nodes would see them.
             q = (0..n)
                 .filter(|&i| alive[i])
-                .map(|i| self.measure.indicator(r[i], share[i]))
+                .map(|i| self.measure.indicator(r[i] * per as f64, held[i] as f64))
                 .collect();
             trace.push(self.row(k, &r, &enforced, &q));
             progress(k + 1, s.cycles);
@@ -1028,7 +1093,12 @@ impl Outcome {
         crate::chart::LineChart::new(
             format!("{} / {} on {}", r.strategy, r.workload, r.topology),
             "cycle",
-            "capacity units per cycle",
+            // A unit is a request unless the run says otherwise.
+            if r.units_per_request == 1 {
+                "capacity units per cycle"
+            } else {
+                "requests per cycle"
+            },
         )
         .series("total demand", pts(|r| r.demand))
         .series("ideal min(L, demand)", pts(|r| r.ideal))
@@ -1076,13 +1146,15 @@ fn summarise(
         pacing: s.pacing,
         relay: s.relay,
         limit: ctx.limit,
+        units_per_request: ctx.per,
         over_throttling_pct: if ideal > 0.0 {
             lost / ideal * 100.0
         } else {
             0.0
         },
         overshoot_pct: clean(over / (l * s.cycles as f64) * 100.0),
-        max_share_sum_over_limit: clean(max_over / l),
+        // In capacity units (`max_over` is): K·L is exact in f64 (≤ 2⁵³), and is L for K = 1.
+        max_share_sum_over_limit: clean(max_over / (ctx.limit * ctx.per) as f64),
         jfi_final: jfi(final_q),
         converge_cycles,
         messages_per_node_per_cycle: traffic.0 as f64 / per,
@@ -1180,6 +1252,88 @@ mod tests {
             300,
         ));
         assert!(d.jfi_final > 0.99, "{d:?}");
+    }
+
+    /// `sluice serve`'s units: a small integer limit over a few nodes (10 per node, gifts
+    /// and relays in whole units) stalls with a unit per request and converges with the
+    /// daemon's 2²⁰; the units still never add up to more than `K·L`, and a seed still
+    /// gives one run.
+    #[test]
+    fn units_per_request_unstick_a_small_limit_and_keep_it() {
+        let mut s = scenario("ring:10", Strategy::Sluice, Workload::Steady, 200);
+        s.limit = Some(100);
+        let whole = report(&s);
+        s.units_per_request = 1 << 20;
+        let out = run(&s, &mut |_, _| {}).unwrap();
+        let fine = &out.report;
+        assert_eq!(fine.units_per_request, 1 << 20);
+        assert!(fine.max_share_sum_over_limit <= 0.0, "{fine:?}");
+        assert!(fine.overshoot_pct <= 0.0, "{fine:?}");
+        // Admissions are whole requests: Σ ⌊u/K⌋ ≤ L every cycle.
+        assert!(
+            out.trace.iter().all(|r| r.sum_enforced <= 100.0),
+            "{fine:?}"
+        );
+        assert!(
+            fine.over_throttling_pct < whole.over_throttling_pct / 4.0,
+            "K = 2^20: {} %, K = 1: {} %",
+            fine.over_throttling_pct,
+            whole.over_throttling_pct
+        );
+        assert!(
+            whole.jfi_final < 0.5 && fine.jfi_final > 0.99,
+            "{whole:?} {fine:?}"
+        );
+        assert_eq!(
+            serde_json::to_string(fine).unwrap(),
+            serde_json::to_string(&report(&s)).unwrap()
+        );
+    }
+
+    #[test]
+    fn units_per_request_conserve_under_loss_and_crash() {
+        let mut s = scenario("ring:8", Strategy::Sluice, Workload::Skewed, 150);
+        s.units_per_request = 1000;
+        s.loss = 0.3;
+        s.dup = 0.1;
+        s.reorder = true;
+        s.crashes = vec!["40:2:100".parse().unwrap()];
+        s.partitions = vec!["60-90:0,1".parse().unwrap()];
+        let r = report(&s);
+        assert!(r.max_share_sum_over_limit <= 0.0, "{r:?}");
+        assert!(r.overshoot_pct <= 0.0, "{r:?}");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            json.contains(r#""limit":10000,"units_per_request":1000,"#),
+            "{json}"
+        );
+        // One unit per request prints what runs before the option printed.
+        s.units_per_request = 1;
+        assert!(
+            !serde_json::to_string(&report(&s))
+                .unwrap()
+                .contains("units_per_request")
+        );
+    }
+
+    #[test]
+    fn units_per_request_are_checked() {
+        let mut s = scenario("ring:4", Strategy::Sluice, Workload::Steady, 10);
+        let err = |s: &Scenario| run(s, &mut |_, _| {}).unwrap_err().to_string();
+        s.units_per_request = 0;
+        assert!(err(&s).contains("--units-per-request 0"), "{}", err(&s));
+        // K·L beyond 2^53 (and beyond u64) is refused, not wrapped.
+        s.units_per_request = u64::MAX;
+        assert!(err(&s).contains("2^53"), "{}", err(&s));
+        s.limit = Some(1);
+        s.units_per_request = MAX_UNITS + 1;
+        assert!(err(&s).contains("2^53"), "{}", err(&s));
+        s.units_per_request = MAX_UNITS;
+        assert!(run(&s, &mut |_, _| {}).is_ok());
+        s.strategy = Strategy::DstSync;
+        assert!(err(&s).contains("dst-sync"), "{}", err(&s));
+        s.units_per_request = 1;
+        assert!(run(&s, &mut |_, _| {}).is_ok());
     }
 
     #[test]
