@@ -182,3 +182,54 @@ fn baselines() {
         assert_eq!(number(&r["overshoot_pct"]), 0.0, "{r}");
     }
 }
+
+#[test]
+fn cluster_units_per_request() {
+    let dir = out_dir("cluster-units");
+    let args = [
+        "cluster",
+        "--topology",
+        "ring:5",
+        "--limit",
+        "50",
+        "--cycles",
+        "40",
+        "--units-per-request",
+        "1048576",
+    ];
+    let v = sim(&args, &dir, &["cluster.csv", "cluster.svg"]);
+    assert_eq!(v["units_per_request"], 1_048_576);
+    assert_eq!(v["limit"], 50);
+    assert!(number(&v["max_share_sum_over_limit"]) <= 0.0, "{v}");
+    // Without the option the JSON is what it was: no new field.
+    let v = sim(&args[..args.len() - 2], &dir, &[]);
+    assert!(v.get("units_per_request").is_none(), "{v}");
+}
+
+#[test]
+fn cluster_refuses_zero_units_per_request() {
+    for (k, why) in [
+        ("0", "at least one capacity unit"),
+        ("1e3", "invalid value"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "sim",
+                "cluster",
+                "--topology",
+                "ring:3",
+                "--units-per-request",
+                k,
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{k}: {stderr}");
+        assert!(
+            stderr.contains("--units-per-request") && stderr.contains(why),
+            "{k}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{k}: {stderr}");
+        assert!(out.stdout.is_empty(), "{k}");
+    }
+}

@@ -56,10 +56,18 @@ pub(crate) struct Args {
     /// Default: the largest stable gain, min_slope/(2·max degree) (seed 003 eq. 9, 15).
     #[arg(long)]
     gamma: Option<Gain>,
-    /// The global limit L in capacity units per cycle [default: 10000; 10^7 for
+    /// The global limit L in requests per cycle [default: 10000; 10^7 for
     /// response-time].
     #[arg(long)]
     limit: Option<u64>,
+    /// Capacity units per request K, as `sluice serve` gives every limit 2^20 units: the
+    /// sluice nodes (and the static split) divide K·L units and a node holding u units
+    /// admits floor(u/K) requests. Demand, admissions and the report stay in requests.
+    /// With 1, a unit is a request and capacity moves in whole requests, which stalls a
+    /// cluster whose nodes hold few (e.g. 1,000 nodes at L = 10000). K·L ≤ 2^53;
+    /// dst-sync takes only 1.
+    #[arg(long, default_value_t = 1)]
+    units_per_request: u64,
     /// Probability that a message is lost.
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
@@ -108,6 +116,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     s.seed = args.seed;
     s.gain = args.gamma.unwrap_or(Gain::Stable);
     s.limit = args.limit;
+    s.units_per_request = args.units_per_request;
     s.loss = args.loss;
     s.dup = args.dup;
     s.reorder = args.reorder;
@@ -131,8 +140,21 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} on {} ({} nodes), measure {}, workload {}, {} cycles, seed {}, γ = {:.4}, L = {}",
-        r.strategy, r.topology, r.nodes, r.measure, r.workload, r.cycles, r.seed, r.gamma, r.limit
+        "{} on {} ({} nodes), measure {}, workload {}, {} cycles, seed {}, γ = {:.4}, L = {}{}",
+        r.strategy,
+        r.topology,
+        r.nodes,
+        r.measure,
+        r.workload,
+        r.cycles,
+        r.seed,
+        r.gamma,
+        r.limit,
+        if r.units_per_request == 1 {
+            String::new()
+        } else {
+            format!(" ({} units per request)", r.units_per_request)
+        }
     );
     if r.strategy == Strategy::Sluice {
         println!(
