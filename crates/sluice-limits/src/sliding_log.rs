@@ -39,7 +39,13 @@ pub struct SlidingLog;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlidingLogState {
     /// `(time, cumulative cost)` oldest first. Cumulative costs wrap (`u64`); differences are
-    /// exact because the whole log never holds more than `u64::MAX` permits.
+    /// exact because the whole log never holds more than `u64::MAX` permits (an admission
+    /// keeps what is live within `count`, a charge within `2·count` saturated, and the
+    /// entries that left the window are dropped before a new one is logged). So a hot key
+    /// never needs a rebase: the totals only ever enter as wrapping differences (compared
+    /// relative to `base`), and wrapping is routine, not an edge case — at 10⁹ permits per
+    /// second (a per-byte cost at 1 GB/s) they wrap every 585 years, at a count near
+    /// `u64::MAX` within one period (`decisions_do_not_depend_on_where_the_totals_are`).
     entries: VecDeque<(Nanos, u64)>,
     /// Cumulative cost before the first entry.
     base: u64,
@@ -219,6 +225,69 @@ mod tests {
         assert!(!a.check(&mut s, &l, 119, 2).allowed);
         assert!(a.check(&mut s, &l, 120, 2).allowed);
         assert_eq!(s.len(), 2);
+    }
+
+    /// `s` with every cumulative cost moved by `k`, wrapping: what a rebase would change.
+    fn shifted(s: &SlidingLogState, k: u64) -> SlidingLogState {
+        SlidingLogState {
+            entries: s
+                .entries
+                .iter()
+                .map(|&(t, c)| (t, c.wrapping_add(k)))
+                .collect(),
+            base: s.base.wrapping_add(k),
+            last: s.last,
+        }
+    }
+
+    fn count() -> impl proptest::strategy::Strategy<Value = u64> {
+        proptest::prop_oneof![1u64..10, (u64::MAX / 2)..=u64::MAX]
+    }
+
+    proptest::proptest! {
+        /// Where the cumulative costs sit does not matter: a log whose totals start anywhere
+        /// (just below the wrap included) decides exactly as the same log rebased to 0, and
+        /// stays that log moved by the same amount, over random traces with time going back,
+        /// a change of limit, charges, and costs that wrap the totals within a window.
+        #[test]
+        fn decisions_do_not_depend_on_where_the_totals_are(
+            k in proptest::prop_oneof![proptest::num::u64::ANY, (u64::MAX - 64)..=u64::MAX],
+            (n1, n2) in (count(), count()),
+            (t1, t2) in (1u64..100, 1u64..100),
+            steps in proptest::collection::vec(
+                (
+                    -20i64..40,
+                    proptest::prop_oneof![4 => 0u64..6, 1 => (u64::MAX / 4)..=(u64::MAX / 2)],
+                    proptest::bool::weighted(0.05),
+                    proptest::bool::weighted(0.15),
+                ),
+                1..150,
+            ),
+        ) {
+            let a = SlidingLog;
+            let (l1, l2) = (Limit::from_nanos(n1, t1).unwrap(), Limit::from_nanos(n2, t2).unwrap());
+            let mut l = l1;
+            let mut at_zero = SlidingLogState::default();
+            let mut moved = shifted(&at_zero, k);
+            let mut now = 1_000u64;
+            for (dt, cost, switch, charge) in steps {
+                now = now.saturating_add_signed(dt);
+                if switch {
+                    l = l2;
+                }
+                if charge {
+                    a.charge(&mut at_zero, &l, now, cost);
+                    a.charge(&mut moved, &l, now, cost);
+                } else {
+                    proptest::prop_assert_eq!(
+                        a.check(&mut at_zero, &l, now, cost),
+                        a.check(&mut moved, &l, now, cost)
+                    );
+                }
+                proptest::prop_assert_eq!(a.peek(&at_zero, &l, now, 1), a.peek(&moved, &l, now, 1));
+                proptest::prop_assert_eq!(&shifted(&at_zero, k), &moved);
+            }
+        }
     }
 
     #[test]

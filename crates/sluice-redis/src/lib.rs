@@ -55,7 +55,9 @@
 //! Before every call the values a script will compute are checked against 2^53 in the
 //! call's unit ([`Error::OutOfRange`] otherwise), for a state a charge left holding about
 //! twice the limit and a request of one limit's worth on top: in ns, caller times must stay
-//! below 104 days; the windows need `3 × count < 2^53`; the token and leaky buckets keep
+//! below 104 days; the windows need `3 × count < 2^53` (the sliding log's running total,
+//! which grows while a key lives, is moved back near 0 when it would reach 2^52, which
+//! changes no decision); the token and leaky buckets keep
 //! their level in units of `1/period` permit: the token bucket needs
 //! `(burst + 2) × period + count < 2^53` units (in µs: up to 100,000 per day) and
 //! `now + 2 × ⌈burst × period / count⌉ < 2^53` (a charge stores an empty bucket as of two

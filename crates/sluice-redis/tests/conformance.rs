@@ -547,6 +547,175 @@ fn leaky_bucket_changes_of_period_are_sluice_limits_to_the_bit() {
     }
 }
 
+/// The sliding log's running total only grows while a key lives; a hot key would pass 2^53
+/// (104 days at 10^9 permits per second) and lose permits in Lua's doubles. Keys whose
+/// totals already sit near 2^52 or just below 2^53 (seeded: as an empty log that has
+/// counted that many) decide as fresh keys in memory at every step of random traces with
+/// charges, across the rebase that moves every total kept back near 0, and keep their
+/// total below 2^52 afterwards.
+#[test]
+fn sliding_log_totals_are_rebased_without_changing_decisions() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let e52 = 1u64 << 52;
+    let seed = prop_oneof![e52 - 200..e52, (e52 << 1) - 60..(e52 << 1)];
+    let charged = proptest::collection::vec(proptest::bool::weighted(0.2), 120);
+    let strategy = ((seed.clone(), seed), limit(), limit(), trace(), charged);
+    let result = runner.run(&strategy, |(seeds, first, second, steps, charged)| {
+        let alg = AnyAlgorithm::new(AlgorithmKind::SlidingLog, Options::default());
+        let prefix = unique_prefix();
+        let config = RedisConfig {
+            prefix: prefix.clone(),
+            timeout: std::time::Duration::from_secs(2),
+            ..RedisConfig::caller_time()
+        };
+        let redis = RedisStore::new(&server.url(), config).unwrap();
+        let memory = MemoryStore::new();
+        rt.block_on(async {
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let meta = |key: &str| format!("{prefix}{{{key}}}:sliding-log:meta");
+            for (key, total) in [("a", seeds.0), ("b", seeds.1)] {
+                let () = ::redis::cmd("HSET")
+                    .arg(meta(key))
+                    .arg("b")
+                    .arg(total)
+                    .arg("c")
+                    .arg(total)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+            }
+            let mut now: u64 = 1_000_000;
+            let mut limit = first;
+            for (i, (s, charge)) in steps.iter().zip(&charged).enumerate() {
+                now = now.saturating_add_signed(s.dt);
+                if s.switch {
+                    limit = second;
+                }
+                let key = if s.key == 0 { "a" } else { "b" };
+                if *charge {
+                    memory.charge(&alg, key, &limit, now, s.cost);
+                    redis
+                        .charge(&alg, key, &limit, now, s.cost)
+                        .await
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                    continue;
+                }
+                let want = memory.check(&alg, key, &limit, now, s.cost).await.unwrap();
+                let got = redis
+                    .check(&alg, key, &limit, now, s.cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "request {} ({:?}) at {} under {}",
+                    i,
+                    s,
+                    now,
+                    limit
+                );
+            }
+            for (key, seeded) in [("a", seeds.0), ("b", seeds.1)] {
+                let total: Option<u64> = ::redis::cmd("HGET")
+                    .arg(meta(key))
+                    .arg("c")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                let total = total.unwrap_or(0);
+                prop_assert!(
+                    total == seeded || total < e52,
+                    "{} total {} (seeded {})",
+                    key,
+                    total,
+                    seeded
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// A rebase of a long log (more entries than one `ZADD` of the rewrite takes) keeps every
+/// entry and its order: the refusals after it, whose waits come from a search over the
+/// rewritten totals, are memory's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebase_rewrites_a_long_log() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let config = RedisConfig {
+        prefix: prefix.clone(),
+        timeout: std::time::Duration::from_secs(2),
+        ..RedisConfig::caller_time()
+    };
+    let redis = RedisStore::new(&server.url(), config).unwrap();
+    let memory = MemoryStore::new();
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let (meta, log) = (
+        format!("{prefix}{{k}}:sliding-log:meta"),
+        format!("{prefix}{{k}}:sliding-log:log"),
+    );
+    let e52 = 1u64 << 52;
+    let () = ::redis::cmd("HSET")
+        .arg(&meta)
+        .arg("b")
+        .arg(e52 - 1200)
+        .arg("c")
+        .arg(e52 - 1200)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let alg = AnyAlgorithm::new(AlgorithmKind::SlidingLog, Options::default());
+    let l = Limit::from_nanos(1500, 1_000_000).unwrap();
+    let decide = async |t: u64, cost: u64| {
+        let got = redis.check(&alg, "k", &l, t, cost).await.unwrap();
+        assert_eq!(
+            got,
+            memory.decide(&alg, "k", &l, t, cost),
+            "at {t}, cost {cost}"
+        );
+        got
+    };
+    // 1,400 entries 100 ns apart, all in one window: the 1,200th reaches 2^52.
+    for i in 0..1400 {
+        assert!(decide(1_000 + i * 100, 1).await.allowed);
+    }
+    let total: u64 = ::redis::cmd("HGET")
+        .arg(&meta)
+        .arg("c")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(total < e52, "rebased: {total}");
+    let kept: u64 = ::redis::cmd("ZCARD")
+        .arg(&log)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1400);
+    // 100 left: 150 waits for the first 50 entries to leave, then the window slides.
+    let end = 1_000 + 1400 * 100;
+    assert!(!decide(end, 150).await.allowed);
+    assert!(decide(end, 100).await.allowed);
+    for t in [1_001_000, 1_004_900, 1_005_000, 1_060_000, 1_139_999] {
+        decide(t, 60).await;
+    }
+}
+
 /// Charges past the limit are counted too (within twice the limit): every algorithm refuses
 /// until the excess has left the window or drained, not only until the limit would have;
 /// memory charges and decides alike at every step.
