@@ -14,10 +14,11 @@
 //! that got it uses it again (two nodes at 500 of 1,000 each admit 500; the shares move to
 //! 300/700; the second admits 200 more: 1,200 in the window). So for those algorithms a node
 //! enforces the *smallest* share it held over the last `period` of the rule
-//! ([`Shares::on_hit_windowed`]): a lower share applies at once, a higher one after a full
-//! window. For a node's last admission at `t` in a window starting at `w` (`t − period < w ≤
-//! t`) its count is at most its share at `w`, and those add up to at most the limit. The
-//! bucket algorithms meter a rate, so they take the current share.
+//! ([`Shares::on_rule_hit`] with `windowed`, as the engine calls it for those algorithms):
+//! a lower share applies at once, a higher one after a full window. For a node's last
+//! admission at `t` in a window starting at `w` (`t − period < w ≤ t`) its count is at most
+//! its share at `w`, and those add up to at most the limit. The bucket algorithms meter a
+//! rate, so they take the current share.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -97,16 +98,11 @@ impl Shares {
         self.hit_key(key, None, count, period, hits, false)
     }
 
-    /// [`Shares::on_hit`] for a windowed algorithm (fixed window, sliding window, sliding
-    /// log): returns the smallest units this node held over the rule's last `period` (see
-    /// the module documentation).
-    pub fn on_hit_windowed(&self, key: u64, count: u64, period: Nanos, hits: u64) -> u64 {
-        self.hit_key(key, None, count, period, hits, true)
-    }
-
-    /// [`Shares::on_hit`] (or, `windowed`, [`Shares::on_hit_windowed`]) by the engine, which
-    /// names the key's rule, `(domain, descriptor path)`, so operators can tell which rule
-    /// a key's share belongs to ([`Shares::rule`]).
+    /// [`Shares::on_hit`] by the engine, which names the key's rule, `(domain, descriptor
+    /// path)`, so operators can tell which rule a key's share belongs to ([`Shares::rule`]).
+    /// With `windowed` (a fixed window, sliding window or sliding log) it returns the
+    /// smallest units this node held over the rule's last `period` (see the module
+    /// documentation).
     pub fn on_rule_hit(
         &self,
         key: u64,
@@ -438,12 +434,13 @@ mod tests {
         let second = 1_000_000_000;
         let s = Shares::new(SCALE / 2);
         // Known to the engine first (hits at the default), then set by the driver.
-        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 2);
+        let windowed = |s: &Shares| s.on_rule_hit(1, ("d", "k"), 1000, second, 1, true);
+        assert_eq!(windowed(&s), SCALE / 2);
         s.set(1, SCALE / 2, 0);
         // A raise at 0.3 s: buckets see it now, windows only once a full period has passed.
         s.set(1, SCALE * 7 / 10, 300_000_000);
         assert_eq!(s.on_hit(1, 1000, second, 1), SCALE * 7 / 10);
-        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 2);
+        assert_eq!(windowed(&s), SCALE / 2);
         s.refresh(1_200_000_000);
         assert_eq!(s.units_windowed(1), SCALE / 2, "0.5 was in force at 0.2 s");
         s.refresh(1_300_000_000);
@@ -451,7 +448,7 @@ mod tests {
         // A cut applies at once to both.
         s.set(1, SCALE / 10, 1_400_000_000);
         assert_eq!(s.on_hit(1, 1000, second, 1), SCALE / 10);
-        assert_eq!(s.on_hit_windowed(1, 1000, second, 1), SCALE / 10);
+        assert_eq!(windowed(&s), SCALE / 10);
         // A key the driver set before any hit, and a key never set: as `units`.
         s.set(2, 5, 0);
         assert_eq!(s.units_windowed(2), 5);
