@@ -82,33 +82,42 @@
 //! # Idle keys (reclamation)
 //!
 //! With [`Config::idle_after`] set, a key whose demand estimate stays below one unit for
-//! that long is *quiet*, and its state is reclaimed without breaking conservation:
-//! 1. *Give back.* Between two quiet ends the law stops; each returns to the other what it
-//!    received from it beyond what it gave (`seen − given`), so every link's counters
-//!    balance and every node goes back to its base — the static split where it started.
-//! 2. *Retire the counters.* A link whose counters are `given = seen = c`, all acknowledged,
-//!    is proposed for retirement (`Message::retire`); the peer matches only if its own are
-//!    exactly `c, c` (nothing in flight either way), resets them to zero and acknowledges
-//!    (`retired`); the proposer resets and confirms (`confirm`). A balanced link's net is
-//!    zero, so zeroing it changes no share, no base and no settlement estimate. No gift
-//!    crosses the link on that key meanwhile; a gift from the peer before it matched ends
-//!    the round. Counters of the retired generation may still be in flight: each end
-//!    ignores the other's entries until the confirmation (a tomb), and every message sent
-//!    (on the sender's clock, strictly increasing per link) before the acknowledgement or
-//!    confirmation (a per-link floor, one number, not one per key).
+//! that long is *quiet*, and its state is reclaimed without breaking conservation. Its
+//! *static split* here is the default base (our initial shares, never below the
+//! reservation): what we hold for a key we have no state for.
+//! 1. *Level.* Between two quiet ends the law stops. A quiet node below its split sends its
+//!    quiet neighbours a *level request* ([`wire::LEVEL_REQUEST`] in the relay field) for
+//!    what it lacks, and passes on another neighbour's (split horizon, at most `n − 1`
+//!    hops), less what it holds above its split; a quiet node above its split gives that
+//!    to open level requests, the nearest deficit first. Gifts on the gift counters, so
+//!    conservation is untouched.
+//! 2. *Retire the counters, folding their net.* A quiet link's acknowledged counters are
+//!    proposed for retirement (`Message::retire`) by its net receiver, once back at its
+//!    split (a balanced link at any time). The peer matches only if its counters are the
+//!    mirror image (nothing in flight), folds the net it gave out of its base, zeroes them
+//!    and acknowledges (`retired`) once its heir holds the lowered base; the proposer then
+//!    folds the net into its base, zeroes and confirms (`confirm`) once its own heir holds
+//!    that. The giver's fold is durable first, so no estate counts the net twice; each
+//!    ledger lists what is pending ([`wire::PendingFold`],
+//!    [`wire::Ledger::received_folds`], [`wire::SettleReply::pending`]) so that a crash in
+//!    between loses nothing either. No gift crosses the link on that key meanwhile; counters
+//!    of the retired generation may still be in flight, so each end ignores the other's
+//!    entries until the confirmation (a tomb), and every message sent (on the sender's
+//!    clock, strictly increasing per link) before the acknowledgement or confirmation (a
+//!    per-link floor, one number, not one per key).
 //! 3. *Drop.* A quiet key whose base is the default, whose links are all zero and settled,
-//!    and whose neighbours are all quiet, holds exactly what no state says: it is dropped
-//!    and reported in [`Ready::reclaimed`]. A key that comes back starts from the static
-//!    split. A neighbour's entry for a quiet key with zero counters creates no state. A
-//!    message holding all its sender's keys ([`wire::Message::all_keys`]) marks the keys it
-//!    lacks as idle there: a neighbour that dropped a key sends nothing more about it.
+//!    whose neighbours are all quiet and through which no level request passes, holds
+//!    exactly what no state says: it is dropped and reported in [`Ready::reclaimed`]. A key
+//!    that comes back starts from the static split. A neighbour's entry for a quiet key
+//!    with zero counters and no request creates no state. A message holding all its
+//!    sender's keys ([`wire::Message::all_keys`]) marks the keys it lacks as idle there,
+//!    asking nothing: a neighbour that dropped a key sends nothing more about it.
 //!
 //! A quiet key with nothing on a link sends no entry to a neighbour where it is quiet too
 //! (its absence from a message holding all keys says the same).
 //!
-//! Limits: a key whose base an inheritance changed is kept (its share is no longer the
-//! static split); flows that went round a cycle of nodes that hold no base (joiners,
-//! restarted nodes) can leave debts nobody can pay first (kept, never unsafe).
+//! Keys busy at a crash end off the static split at the heir and the dead node's
+//! neighbours; levelling and folds bring them back, so they are reclaimed too.
 //!
 //! # Re-minting after a whole-cluster restart
 //!
@@ -116,13 +125,13 @@
 //! inheritance. When every node restarts at once nobody is left to inherit from. A node that
 //! holds its reservation and nothing else, never gave nor received, and keeps nothing that
 //! could bring capacity back (no settlement, no ward holding more than its reservation, no
-//! handover or late fold) is *pristine*, and says so with the digest of its view of the
-//! cluster ([`wire::Census`]). When every neighbour claims the same view, nothing but the
-//! reservations exists anywhere, and each member takes its own initial share back, once per
-//! incarnation; it then vouches for that view, so a member that missed the round re-mints
-//! too. Messages of an incarnation older than the one a link is with are dropped, so no
-//! late message of a dead one can bring its capacity back afterwards. All views agree only
-//! where every node links with every other (the daemon's default topology).
+//! handover or late fold) is *pristine*, and says so with a *level* ([`wire::Census`]): 1 +
+//! the least level its neighbours claim, so level `k` says every node within `k − 1` hops is
+//! pristine. A member takes its own initial share back, once per incarnation, when its level
+//! reaches the number of members or a neighbour claims it re-minted (docs/PROTOCOL.md,
+//! "Re-minting after a whole-cluster restart"). Messages of an incarnation older than the
+//! one a link is with are dropped, so no late message of a dead one can bring its capacity
+//! back afterwards.
 //!
 //! # Big batches
 //!
@@ -555,6 +564,10 @@ enum Retirement {
     /// We matched the peer's proposal sent at this time (its clock) and reset our counters;
     /// its entries for the key are ignored until it confirms.
     Tomb(Nanos),
+    /// The peer confirmed a retirement whose net we had folded out of our base; we give
+    /// nothing on this link-key until our heir holds this ledger version, the first without
+    /// the pending fold (see [`wire::PendingFold`]).
+    Cleared(u64),
 }
 
 // The 1,000-node simulation is bound by cache misses on this state (docs/BENCHMARKS.md):
@@ -586,9 +599,20 @@ impl LinkKey {
     /// What is left of the peer's relay request: the request less what we gave it since it
     /// asked (in flight when it asked, or given after).
     fn relay_open(&self) -> f64 {
-        self.relay.map_or(0.0, |(r, _, seen)| {
-            (f64::from(r) - self.given.saturating_sub(seen) as f64).max(0.0)
-        })
+        self.open(false)
+    }
+
+    /// What is left of the peer's level request ("Idle keys"), counted as [`Self::relay_open`].
+    fn level_open(&self) -> f64 {
+        self.open(true)
+    }
+
+    fn open(&self, level: bool) -> f64 {
+        self.relay
+            .filter(|r| (r.1 & wire::LEVEL_REQUEST != 0) == level)
+            .map_or(0.0, |(r, _, seen)| {
+                (f64::from(r) - self.given.saturating_sub(seen) as f64).max(0.0)
+            })
     }
 }
 
@@ -715,10 +739,10 @@ impl KeyState {
         (seen, given)
     }
 
-    /// Records that a link's counters, both `c`, were zeroed (a retirement, "Idle keys").
-    fn zeroed(&mut self, c: u64) {
-        self.seen_sum = self.seen_sum.wrapping_sub(c);
-        self.given_sum = self.given_sum.wrapping_sub(c);
+    /// Records that a link's counters, `seen` and `given`, were zeroed (a retirement, "Idle keys").
+    fn zeroed(&mut self, seen: u64, given: u64) {
+        self.seen_sum = self.seen_sum.wrapping_sub(seen);
+        self.given_sum = self.given_sum.wrapping_sub(given);
     }
 
     /// Records a gift of `amount` to `p` (the link's `given` grows).
@@ -739,6 +763,10 @@ impl KeyState {
 #[derive(Debug, Clone, Default)]
 struct Frozen {
     counters: BTreeMap<Key, (u64, u64)>,
+    /// Our pending folds with the peer incarnation when we froze it, `(key, seen, net)`
+    /// (see [`wire::PendingFold`]): its heir adds them to its estate where it had not
+    /// folded.
+    pending: Vec<(Key, u64, u64)>,
     version: u64,
     /// Our incarnation that froze the link (its counters are that incarnation's).
     by_inc: u64,
@@ -866,6 +894,21 @@ pub struct Node {
     /// Version of our ledger (bumped when a base changes) and the latest our heir holds.
     ledger_version: u64,
     ledger_acked: u64,
+    /// Those folds until the peer confirms it folded too, by `(peer, key)`, with the ledger
+    /// version that recorded each (its acknowledgement waits for our heir to hold it); in
+    /// our ledger.
+    pending_folds: BTreeMap<(NodeId, Key), (wire::PendingFold, u64)>,
+    /// Folds we made as a retirement's net receiver, by `(peer, key, seen)`, with the peer
+    /// incarnation and the time (its clock) of the message whose acknowledgement we folded
+    /// on; in our ledger until a later whole message of the peer no longer acknowledges it
+    /// (its pending fold is gone). See [`wire::Ledger::received_folds`].
+    received_folds: BTreeMap<(NodeId, Key, u64), (u64, Nanos)>,
+    /// Confirmations `(peer, key, ledger version)` held until our heir holds the version
+    /// with our fold: the peer drops its pending fold on our confirmation.
+    confirm_after: Vec<(NodeId, Key, u64)>,
+    /// Link-keys whose pending fold was confirmed, `(peer, key, ledger version without it)`:
+    /// no gift on them until our heir holds that version (see [`wire::PendingFold`]).
+    clearing: Vec<(NodeId, Key, u64)>,
     /// Settlement requests `(asker, dead, incarnation)` held until our heir has our ledger.
     held: BTreeSet<(NodeId, NodeId, u64)>,
     /// Messages from incarnations at or below this are ignored.
@@ -993,6 +1036,10 @@ impl Node {
                     .unwrap_or_default()
             },
             ledger_version: 0,
+            pending_folds: BTreeMap::new(),
+            received_folds: BTreeMap::new(),
+            confirm_after: Vec::new(),
+            clearing: Vec::new(),
             ledger_acked: 0,
             held: BTreeSet::new(),
             successions: BTreeMap::new(),
@@ -1267,7 +1314,8 @@ impl Node {
         match self.lifecycle {
             Lifecycle::Active if self.lease_state(now) != LeaseState::Expired => {
                 self.give(now, &usable);
-                self.give_back(&usable);
+                self.end_clearings();
+                self.level_give(&usable);
                 self.propose_retirements();
                 self.reclaim();
             }
@@ -1649,7 +1697,20 @@ impl Node {
             {
                 continue;
             }
+            let new = !self.keys.contains_key(&e.key);
+            let idle_after = self.cfg.idle_after;
             let ks = self.key_mut(e.key);
+            // State created by a neighbour where the key is idle (a level request, "Idle
+            // keys"): we have no demand for it either, so it is quiet from the start. Not
+            // quiet, it would take part in no levelling for `idle_after`, and be dropped
+            // again as soon as it is: a level request crossing it would never get through.
+            if new
+                && e.idle
+                && let Some(after) = idle_after
+            {
+                ks.idle_since = Some(now.saturating_sub(after));
+                ks.quiet = true;
+            }
             let lk = ks.links.entry(from).or_default();
             if fresh {
                 lk.peer_idle = e.idle;
@@ -1695,7 +1756,9 @@ impl Node {
                 if let Some(lk) = ks.links.get_mut(&from)
                     && msg.keys.binary_search_by_key(k, |e| e.key).is_err()
                 {
+                    // An entry is left out only without a request in it.
                     lk.peer_idle = true;
+                    lk.relay = None;
                 }
             }
         }
@@ -1719,7 +1782,9 @@ impl Node {
                 for &(q, _) in u.iter() {
                     let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
                     let (r, _) = Self::relay_ask(plan, q, &u);
-                    if relay_changed(sent, r) {
+                    // A quiet key's level request (sent where no relay request is) is no
+                    // news: it goes at the next tick.
+                    if relay_changed(sent, r) && !(ks.quiet && r == 0.0) {
                         notify.push(q);
                     }
                 }

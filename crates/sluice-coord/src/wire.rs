@@ -14,7 +14,7 @@ pub type Key = u64;
 /// their acknowledgements (header flag bit 5; absent, they cost nothing). 6: the census of a
 /// restarted cluster (header flag bit 6, idem). 7: the census claims a level (hops known
 /// pristine) instead of a view digest, so it works on any connected graph.
-const VERSION: u8 = 7;
+const VERSION: u8 = 8;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,7 +70,38 @@ pub struct Ledger {
     /// Links `(peer, peer incarnation)` the sender froze and folded into its bases: its heir
     /// must not count them again from the peer's side.
     pub folded: Vec<(NodeId, u64)>,
+    /// Retirements the sender matched as the net giver, folding the net out of its base,
+    /// that the peer has not confirmed yet (see [`crate::node`] "Idle keys").
+    pub pending_folds: Vec<PendingFold>,
+    /// Retirements the sender folded as the net receiver, `(peer, peer incarnation, key,
+    /// seen)`, listed until the peer no longer holds them pending: a heir settling the
+    /// sender knows its base has the net, so a [`SettleReply::pending`] of the peer for
+    /// that fold adds nothing.
+    pub received_folds: Vec<(NodeId, u64, Key, u64)>,
 }
+
+/// A fold the sender made as a retirement's net giver and the peer may not have made yet: its
+/// base is already lower by `net`, and the peer's counters still hold it until the peer folds
+/// too. A heir settling the sender adds `net` back exactly when the peer's answer shows it did
+/// not (its `seen` from the sender is still `seen`: after folding it starts again from zero,
+/// and the sender gives nothing on that key and link until its heir holds a ledger without
+/// this record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingFold {
+    /// The peer.
+    pub peer: NodeId,
+    /// The peer's incarnation the link is with.
+    pub peer_incarnation: u64,
+    /// The key.
+    pub key: Key,
+    /// What the sender had given the peer when it folded (the peer's `seen` until it folds).
+    pub seen: u64,
+    /// The net the sender folded out of its base.
+    pub net: u64,
+}
+
+/// Bit of [`KeyEntry::relay_hops`] marking a level request (see [`crate::node`] "Idle keys").
+pub const LEVEL_REQUEST: u8 = 0x40;
 
 /// Per-key state of the link, as the sender sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,7 +120,10 @@ pub struct KeyEntry {
     /// units — its own unmet demand or a share of a request it relays (0: none). See
     /// [`crate::node`] "Relay".
     pub relay: f32,
-    /// Hops from the node whose unmet demand the relay request carries (0: the sender's own).
+    /// Hops from the node whose unmet demand the relay request carries (0: the sender's own),
+    /// in the low six bits; bit 6 ([`LEVEL_REQUEST`]) marks a *level request* instead: the
+    /// key is quiet at the sender, which asks for what it (or a quiet node behind it) lacks
+    /// of its static split (see [`crate::node`] "Idle keys").
     pub relay_hops: u8,
     /// The key has been idle at the sender for `Config::idle_after` (see [`crate::node`]
     /// "Idle keys").
@@ -123,6 +157,11 @@ pub struct SettleReply {
     pub in_estate: bool,
     /// Per key: `(key, F = given to the dead, S = received from the dead)`.
     pub entries: Vec<(Key, u64, u64)>,
+    /// The replier's pending folds with the dead incarnation, `(key, seen, net)` (see
+    /// [`PendingFold`]): it folded `net` out of its base for the dead node, which held it in
+    /// its counters until it folded too. The heir adds `net` to the estate unless the dead
+    /// node's ledger lists that fold among its [`Ledger::received_folds`].
+    pub pending: Vec<(Key, u64, u64)>,
 }
 
 /// From a reincarnated node to the heir that settled its dead incarnation: "that
@@ -224,9 +263,12 @@ pub struct Message {
     pub succession: Option<(NodeId, u64)>,
     /// From an heir: the version of the receiver's ledger it holds.
     pub ledger_ack: u64,
-    /// Idle-key retirement proposals `(key, c)`: the sender's counters on this link for the
-    /// key are `given = seen = c` and frozen (see [`crate::node`] "Idle keys").
-    pub retire: Vec<(Key, u64)>,
+    /// Idle-key retirement proposals `(key, given, seen)`: the sender's counters on this link
+    /// for the key, frozen, with `seen ≥ given` (the sender is the link's net receiver, or
+    /// it is balanced). The peer matches only if its own are the mirror image, folds the
+    /// net into its base and acknowledges once its heir holds that base (see
+    /// [`crate::node`] "Idle keys").
+    pub retire: Vec<(Key, u64, u64)>,
     /// Acknowledgements `(key, sent_at of the proposal matched)`: the sender reset its
     /// counters for the key to zero.
     pub retired: Vec<(Key, u64)>,
@@ -425,11 +467,17 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
         put(out, u64::from(r.dead));
         put(out, r.incarnation);
         put(out, r.replier_incarnation);
-        out.push(u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1));
+        let pending = !r.pending.is_empty();
+        out.push(
+            u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1) | (u8::from(pending) << 2),
+        );
         if let Some(p) = r.prior {
             put(out, p);
         }
         put_triples(out, &r.entries);
+        if pending {
+            put_triples(out, &r.pending);
+        }
     }
     match m.succession {
         None => out.push(0),
@@ -439,12 +487,11 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             put(out, inc);
         }
     }
-    for list in [&m.retire, &m.retired] {
-        put(out, list.len() as u64);
-        for &(k, v) in list {
-            put(out, k);
-            put(out, v);
-        }
+    put_triples(out, &m.retire);
+    put(out, m.retired.len() as u64);
+    for &(k, v) in &m.retired {
+        put(out, k);
+        put(out, v);
     }
     put(out, m.confirm.len() as u64);
     for &k in &m.confirm {
@@ -513,6 +560,21 @@ fn put_ledger<S: Sink>(out: &mut S, l: &Ledger) {
             put(out, u64::from(n));
             put(out, inc);
         }
+    }
+    put(out, l.pending_folds.len() as u64);
+    for f in &l.pending_folds {
+        put(out, u64::from(f.peer));
+        put(out, f.peer_incarnation);
+        put(out, f.key);
+        put(out, f.seen);
+        put(out, f.net);
+    }
+    put(out, l.received_folds.len() as u64);
+    for &(n, inc, k, seen) in &l.received_folds {
+        put(out, u64::from(n));
+        put(out, inc);
+        put(out, k);
+        put(out, seen);
     }
 }
 
@@ -616,12 +678,17 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         let replier_incarnation = r.var()?;
         let at = r.at;
         let flags = r.byte()?;
-        if flags > 3 {
+        if flags > 7 {
             return Err(WireError::Tag { tag: flags, at });
         }
         let in_estate = flags & 2 == 2;
         let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
         let entries = r.triples()?;
+        let pending = if flags & 4 == 4 {
+            r.triples()?
+        } else {
+            Vec::new()
+        };
         settle_replies.push(SettleReply {
             dead,
             incarnation,
@@ -629,6 +696,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
             prior,
             in_estate,
             entries,
+            pending,
         });
     }
     let at = r.at;
@@ -637,16 +705,12 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         1 => Some((r.id()?, r.var()?)),
         tag => return Err(WireError::Tag { tag, at }),
     };
-    let mut pairs = || -> Result<Vec<(Key, u64)>, WireError> {
-        let n = r.count(2)?;
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push((r.var()?, r.var()?));
-        }
-        Ok(v)
-    };
-    let retire = pairs()?;
-    let retired = pairs()?;
+    let retire = r.triples()?;
+    let n = r.count(2)?;
+    let mut retired = Vec::with_capacity(n);
+    for _ in 0..n {
+        retired.push((r.var()?, r.var()?));
+    }
     let n = r.count(1)?;
     let mut confirm = Vec::with_capacity(n);
     for _ in 0..n {
@@ -799,6 +863,22 @@ fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
     for _ in 0..n {
         folded.push((r.id()?, r.var()?));
     }
+    let n = r.count(5)?;
+    let mut pending_folds = Vec::with_capacity(n);
+    for _ in 0..n {
+        pending_folds.push(PendingFold {
+            peer: r.id()?,
+            peer_incarnation: r.var()?,
+            key: r.var()?,
+            seen: r.var()?,
+            net: r.var()?,
+        });
+    }
+    let n = r.count(4)?;
+    let mut received_folds = Vec::with_capacity(n);
+    for _ in 0..n {
+        received_folds.push((r.id()?, r.var()?, r.var()?, r.var()?));
+    }
     Ok(Ledger {
         version,
         holdings,
@@ -807,6 +887,8 @@ fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
         wards,
         settled,
         folded,
+        pending_folds,
+        received_folds,
     })
 }
 
@@ -951,6 +1033,14 @@ mod tests {
                 wards: vec![5],
                 settled: vec![(6, 1)],
                 folded: vec![(6, 1)],
+                pending_folds: vec![PendingFold {
+                    peer: 1,
+                    peer_incarnation: 3,
+                    key: 9,
+                    seen: 40,
+                    net: 12,
+                }],
+                received_folds: vec![(2, 1, 8, 30)],
             }),
             keys: (1..=keys)
                 .map(|k| entry(k, (k % 2) as f32 * 40.0))
@@ -963,11 +1053,12 @@ mod tests {
                 prior: Some(1),
                 in_estate: false,
                 entries: vec![(1, 10, 20)],
+                pending: vec![(1, 40, 12)],
             }],
             succession: Some((6, 1)),
             verdict_version: Some(2),
             ledger_ack: 3,
-            retire: vec![(1, 5)],
+            retire: vec![(1, 5, 9)],
             retired: vec![(2, 77)],
             confirm: vec![3],
             late_folds: vec![LateFold {

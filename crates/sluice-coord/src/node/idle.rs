@@ -20,39 +20,143 @@ impl Node {
         }
     }
 
-    /// Quiet keys return to each quiet neighbour what they received from it beyond what
-    /// they gave it, so every link's counters balance (`given = seen`) and every node goes
-    /// back to its base: the static split, where the key's capacity started.
-    pub(super) fn give_back(&mut self, usable: &[(NodeId, f64)]) {
+    /// What a quiet key holds when it is back at its static split: the default base (our
+    /// initial shares, own and inherited), never below our reservation.
+    pub(super) fn level_floor(&self) -> u64 {
+        self.default_base.max(self.reservation)
+    }
+
+    /// A quiet key's level request to neighbour `to` ("Idle keys"): what we lack of our
+    /// static split (`floor`), or the largest open level request of another quiet neighbour
+    /// (split horizon: never back to the one asking; at most `max_hops`, as relay requests),
+    /// less what we hold above our split. Whole, not split over the neighbours asked: a
+    /// deficit of one unit split three ways would ask nobody for anything. What more than
+    /// one neighbour gives is a surplus here, which goes on to the next request (the sum of
+    /// every node's surplus less deficit is what is in flight). `(0, 0)`: nothing to ask.
+    pub(super) fn level_ask(
+        ks: &KeyState,
+        to: NodeId,
+        usable: &[(NodeId, f64)],
+        floor: u64,
+        max_hops: u8,
+    ) -> (f64, u8) {
+        // A neighbour we hold no link state with for the key has none either (messages hold
+        // every key): idle there. Asking it is how a request crosses a node that has no
+        // state for the key (a restarted one).
+        let asked = ks.links.get(&to);
+        if !asked.is_none_or(|lk| lk.peer_idle) || usable_weight(usable, to).is_none() {
+            return (0.0, 0);
+        }
+        let own = ks.own();
+        let mut best = (floor.saturating_sub(own) as f64, 0u8);
+        for (p, lk) in &ks.links {
+            if *p == to || !lk.peer_idle || usable_weight(usable, *p).is_none() {
+                continue;
+            }
+            let Some((_, h, _)) = lk.relay else { continue };
+            let open = lk.level_open();
+            let hops = (h & !wire::LEVEL_REQUEST).saturating_add(1);
+            if open > best.0 && hops < max_hops {
+                best = (open, hops);
+            }
+        }
+        let residual = best.0 - own.saturating_sub(floor) as f64;
+        if residual < 1.0 {
+            (0.0, 0)
+        } else {
+            (residual, best.1 | wire::LEVEL_REQUEST)
+        }
+    }
+
+    /// Level gifts ("Idle keys"): what a quiet key holds above its static split goes to
+    /// quiet neighbours' open level requests, the nearest deficit first (fewest hops, then
+    /// largest). Nearest first is what ends the trip: the receiver passes it on only to a
+    /// request nearer still. Largest first let two requests for the same deficit that
+    /// reached each other round a ring bounce the surplus between their carriers for ever
+    /// (found by `idle_keys_are_reclaimed_and_conserve`). Level gifts travel on the gift
+    /// counters like every other gift, so conservation is untouched.
+    pub(super) fn level_give(&mut self, usable: &[(NodeId, f64)]) {
         if self.cfg.idle_after.is_none() {
             return;
         }
-        let reservation = self.reservation;
+        let floor = self.level_floor();
+        let mut asks = StackVec::<(NodeId, u8, f64), 16>::new();
         for ks in self.keys.values_mut().filter(|k| k.quiet) {
-            let mut budget = ks.own().saturating_sub(reservation);
-            for (p, lk) in &mut ks.links {
-                if budget == 0 {
+            let mut spare = ks.own().saturating_sub(floor);
+            if spare == 0 {
+                continue;
+            }
+            asks.clear();
+            asks.extend(
+                ks.links
+                    .iter()
+                    .filter(|(p, lk)| {
+                        usable_weight(usable, **p).is_some() && lk.peer_idle && !lk.frozen()
+                    })
+                    .map(|(p, lk)| {
+                        let hops = lk.relay.map_or(0, |r| r.1 & !wire::LEVEL_REQUEST);
+                        (*p, hops, lk.level_open())
+                    })
+                    .filter(|a| a.2 >= 1.0),
+            );
+            asks.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.total_cmp(&a.2)));
+            for &(p, _, open) in asks.iter() {
+                let amount = (open.floor() as u64).min(spare);
+                if amount == 0 {
                     break;
                 }
-                if usable_weight(usable, *p).is_some()
-                    && lk.peer_idle
-                    && !lk.frozen()
-                    && lk.seen > lk.given
-                {
-                    let amount = (lk.seen - lk.given).min(budget);
-                    lk.given += amount;
-                    ks.given_sum = ks.given_sum.wrapping_add(amount);
-                    budget -= amount;
-                }
+                spare -= amount;
+                ks.give_to(p, amount);
             }
         }
     }
 
-    /// Proposes retiring the counters of balanced links of quiet keys ("Idle keys").
+    /// Link-keys whose pending fold our heir now knows is gone may carry gifts again, and
+    /// confirmations of folds our heir now knows go out.
+    pub(super) fn end_clearings(&mut self) {
+        let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
+        if !self.confirm_after.is_empty() {
+            let mut due = Vec::new();
+            self.confirm_after.retain(|&(p, k, v)| {
+                let ready = no_heir || acked >= v;
+                if ready {
+                    due.push((p, k));
+                }
+                !ready
+            });
+            for (p, k) in due {
+                if let Some(l) = self.links.get_mut(&p) {
+                    l.mail().confirm.insert(k);
+                }
+            }
+        }
+        if self.clearing.is_empty() {
+            return;
+        }
+        let keys = &mut self.keys;
+        self.clearing.retain(|&(p, k, v)| {
+            let Some(lk) = keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&p)) else {
+                return false;
+            };
+            if lk.retirement != Retirement::Cleared(v) {
+                return false;
+            }
+            if no_heir || acked >= v {
+                lk.retirement = Retirement::None;
+                return false;
+            }
+            true
+        });
+    }
+
+    /// Proposes retiring the counters of quiet keys' links ("Idle keys"): balanced ones, and
+    /// those we are the net receiver of once we are back at our static split (the peer, the
+    /// net giver, folds first).
     pub(super) fn propose_retirements(&mut self) {
         if self.cfg.idle_after.is_none() {
             return;
         }
+        let floor = self.level_floor();
         let next: BTreeMap<NodeId, Nanos> = self
             .links
             .iter()
@@ -60,12 +164,13 @@ impl Node {
             .map(|(&p, l)| (p, l.last_sent + 1))
             .collect();
         for ks in self.keys.values_mut().filter(|k| k.quiet) {
+            let level = ks.own() == floor;
             for (p, lk) in &mut ks.links {
                 if let Some(&at) = next.get(p)
                     && !lk.frozen()
                     && lk.peer_idle
-                    && lk.given > 0
-                    && lk.given == lk.seen
+                    && lk.seen > 0
+                    && (lk.given == lk.seen || (level && lk.seen > lk.given))
                     && lk.acked == lk.given
                 {
                     lk.retirement = Retirement::Proposed(at);
@@ -85,10 +190,14 @@ impl Node {
         self.keys.retain(|&k, ks| {
             let idle = ks.quiet
                 && ks.base == default
-                && ks
-                    .links
-                    .values()
-                    .all(|lk| lk.given == 0 && lk.seen == 0 && !lk.frozen() && lk.peer_idle);
+                && ks.links.values().all(|lk| {
+                    lk.given == 0
+                            && lk.seen == 0
+                            && !lk.frozen()
+                            && lk.peer_idle
+                            // A level request crosses us (we pass it on).
+                            && lk.level_open() < 1.0
+                });
             if idle {
                 reclaimed.push(k);
             }
@@ -109,6 +218,13 @@ impl Node {
                 && lk.tomb().is_some_and(|t| msg.sent_at > t)
             {
                 lk.retirement = Retirement::None;
+                // It folded: our pending fold goes from the ledger, and we give nothing
+                // here until our heir holds the ledger without it (`wire::PendingFold`).
+                if self.pending_folds.remove(&(from, *k)).is_some() {
+                    self.ledger_version += 1;
+                    lk.retirement = Retirement::Cleared(self.ledger_version);
+                    self.clearing.push((from, *k, self.ledger_version));
+                }
                 floor = floor.max(msg.sent_at);
             }
         }
@@ -119,11 +235,12 @@ impl Node {
             let mut zeroed = None;
             match lk {
                 Some(lk) if lk.retiring().is_some_and(|t0| at >= t0) => {
-                    if lk.given != lk.seen {
-                        // Cannot happen (see above); never confirm what we did not reset.
+                    if lk.given > lk.seen {
+                        // Cannot happen (we propose only as the net receiver); never confirm
+                        // what we did not reset.
                         continue;
                     }
-                    zeroed = Some(lk.given);
+                    zeroed = Some((lk.seen, lk.given));
                     *lk = LinkKey {
                         peer: lk.peer,
                         peer_idle: lk.peer_idle,
@@ -137,12 +254,45 @@ impl Node {
                 // confirmation was lost, send it again.
                 _ => {}
             }
-            if let Some(c) = zeroed
+            if let Some((seen, given)) = zeroed
                 && let Some(ks) = self.keys.get_mut(&k)
             {
-                ks.zeroed(c);
+                // The peer, the net giver, folded the net out of its base, and its heir holds
+                // that base (it acknowledges only then): the net is ours now, in our base.
+                let net = seen - given;
+                ks.zeroed(seen, given);
+                if net > 0 {
+                    ks.base = ks
+                        .base
+                        .saturating_add(i64::try_from(net).unwrap_or(i64::MAX));
+                    self.ledger_version += 1;
+                    // Listed in our ledger while the peer holds its fold pending, and our
+                    // confirmation (which ends that) waits until our heir holds it: a heir
+                    // settling us then knows our base has the net (`Ledger::received_folds`).
+                    let inc = self.links.get(&from).map_or(0, |l| l.inc);
+                    self.received_folds
+                        .insert((from, k, seen), (inc, msg.sent_at));
+                    self.confirm_after.push((from, k, self.ledger_version));
+                    continue;
+                }
+            }
+            // Our confirmation of a fold still waits for our heir: it goes then.
+            if self.confirm_after.iter().any(|c| (c.0, c.1) == (from, k)) {
+                continue;
             }
             confirm.push(k);
+        }
+        // A whole message (not one part of several) sent after the acknowledgement we
+        // folded on, that no longer acknowledges it: the peer had our confirmation and its
+        // pending fold is gone, so our record of it can go too.
+        if msg.all_keys && !stale && !self.received_folds.is_empty() {
+            let before = self.received_folds.len();
+            self.received_folds.retain(|&(p, k, _), &mut (_, after)| {
+                p != from || msg.sent_at <= after || msg.retired.iter().any(|r| r.0 == k)
+            });
+            if self.received_folds.len() != before {
+                self.ledger_version += 1;
+            }
         }
         if let Some(l) = self.links.get_mut(&from) {
             l.floor = floor;
@@ -153,26 +303,63 @@ impl Node {
         stale
     }
 
-    /// Retirement proposals from `from`: match those whose counters are exactly ours.
+    /// Retirement proposals from `from`: match those whose counters are exactly ours, seen
+    /// from the other end.
+    ///
+    /// The proposer holds `(given g, seen s)` with `s ≥ g`; we hold `given = s`, `seen = g`:
+    /// nothing in flight either way, and we gave the link's net `n = s − g`. We fold it out
+    /// of our base (our share does not change) and zero the counters; the proposer folds it
+    /// into its base when we acknowledge, which we do only once our heir holds our lowered
+    /// base (`pending_folds`). That order keeps the fold safe under failures: an estate
+    /// reads a dead node's base from its heir's ledger and the link's net from the peer's
+    /// counters (docs/PROTOCOL.md, "Idle keys"). Until the proposer folds, our base is
+    /// lowered and our counters say nothing, so counted from either side the net is counted
+    /// at most once (at the proposer, whose counters still hold it): a failure in between
+    /// loses it at worst. Had the proposer folded first, a heir settling us with a ledger
+    /// from before our fold would count it twice. A balanced link (`n = 0`) changes no base
+    /// and no estimate.
     pub(super) fn match_retirements(&mut self, from: NodeId, msg: &Message) {
-        for &(k, c) in &msg.retire {
+        let active = self.lifecycle == Lifecycle::Active;
+        let peer_incarnation = self.links.get(&from).map_or(0, |l| l.inc);
+        for &(k, g, s) in &msg.retire {
             if let Some(ks) = self.keys.get_mut(&k)
                 && let Some(lk) = ks.links.get_mut(&from)
-                && lk.tomb().is_none()
-                && c > 0
-                && lk.given == c
-                && lk.seen == c
+                && matches!(lk.retirement, Retirement::None | Retirement::Proposed(_))
+                && s > 0
+                && s >= g
+                && lk.given == s
+                && lk.seen == g
+                // A leaving node hands everything to its heir; it folds nothing.
+                && (s == g || active)
             {
-                // Both ends hold `given = seen = c`: nothing in flight either way, and the
-                // net of the link is zero, so zeroing the counters changes no share, no
-                // base and no settlement estimate. Our own proposal, if any, ends here.
+                let net = s - g;
+                // Our own proposal, if any (only for a balanced link), ends here.
                 *lk = LinkKey {
                     peer: lk.peer,
                     peer_idle: lk.peer_idle,
                     retirement: Retirement::Tomb(msg.sent_at),
                     ..LinkKey::default()
                 };
-                ks.zeroed(c);
+                ks.zeroed(g, s);
+                if net > 0 {
+                    ks.base = ks
+                        .base
+                        .saturating_sub(i64::try_from(net).unwrap_or(i64::MAX));
+                    self.ledger_version += 1;
+                    self.pending_folds.insert(
+                        (from, k),
+                        (
+                            wire::PendingFold {
+                                peer: from,
+                                peer_incarnation,
+                                key: k,
+                                seen: s,
+                                net,
+                            },
+                            self.ledger_version,
+                        ),
+                    );
+                }
             }
         }
     }

@@ -31,6 +31,7 @@ impl Node {
                 counters,
                 version: side_version,
                 by_inc: old,
+                pending: Vec::new(),
                 // Final sides are never forgotten (only a reincarnation makes them).
                 used: now,
             };
@@ -53,6 +54,11 @@ impl Node {
         };
         self.default_base = self.holdings.iter().map(|&h| self.cfg.part(h)).sum();
         self.keys.clear();
+        // Our dead incarnation's pending folds are in its ledger, for its heir.
+        self.pending_folds.clear();
+        self.received_folds.clear();
+        self.confirm_after.clear();
+        self.clearing.clear();
         // A census is per incarnation (see `Node::take_census`).
         self.reminted = None;
         self.census = None;

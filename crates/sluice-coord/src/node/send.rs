@@ -33,21 +33,23 @@ impl Node {
                 .filter(|(_, r)| r.by_inc == self.inc)
                 .map(|(&link, _)| link)
                 .collect(),
+            pending_folds: self.pending_folds.values().map(|f| f.0).collect(),
+            received_folds: self
+                .received_folds
+                .iter()
+                .map(|(&(p, k, seen), &(inc, _))| (p, inc, k, seen))
+                .collect(),
         }
     }
 
     pub(super) fn send(&mut self, to: NodeId, now: Nanos) {
-        if self.relaying(now) {
-            let usable = self.usable(now);
-            self.send_with(to, now, &usable, None);
-        } else {
-            self.send_with(to, now, &[], None);
-        }
+        let usable = self.usable(now);
+        self.send_with(to, now, &usable, None);
     }
 
     /// [`Node::send`] with the usable neighbours already worked out (`Node::usable` at `now`;
-    /// only read when relaying) and, if given, every key's [`RelayPlan`] (in key order, from
-    /// [`Node::relay_plans`] on the current state).
+    /// read when relaying and for quiet keys' level requests) and, if given, every key's
+    /// [`RelayPlan`] (in key order, from [`Node::relay_plans`] on the current state).
     pub(super) fn send_with(
         &mut self,
         to: NodeId,
@@ -75,6 +77,19 @@ impl Node {
             .filter(|s| self.announced(s.1));
         let relaying = self.relaying(now);
         let (max_hops, reservation) = (self.max_hops(), self.reservation);
+        let leveling = self.cfg.idle_after.is_some()
+            && self.lifecycle == Lifecycle::Active
+            && self.lease_state(now) != LeaseState::Expired;
+        let floor = self.level_floor();
+        // A matched retirement that folded a net out of our base is acknowledged only once
+        // our heir holds that base ("Idle keys": the net giver's fold is durable first).
+        let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
+        let pending_folds = &self.pending_folds;
+        let fold_announced = |k: Key| {
+            pending_folds
+                .get(&(to, k))
+                .is_none_or(|f| no_heir || acked >= f.1)
+        };
         let Some(link) = self.links.get_mut(&to) else {
             return;
         };
@@ -89,7 +104,7 @@ impl Node {
                 .iter_mut()
                 .enumerate()
                 .filter_map(|(i, (&key, ks))| {
-                    let (relay, relay_hops) = if relaying {
+                    let (mut relay, mut relay_hops) = if relaying {
                         let plan = plans
                             .and_then(|v| v.get(i).copied())
                             .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
@@ -97,12 +112,18 @@ impl Node {
                     } else {
                         (0.0, 0)
                     };
+                    // A real request first; a quiet key's level request only without one.
+                    if leveling && ks.quiet && relay == 0.0 {
+                        (relay, relay_hops) = Self::level_ask(ks, to, usable, floor, max_hops);
+                    }
                     let relay = relay as f32;
                     let lk = ks.links.get(&to).copied().unwrap_or_default();
                     if lk.retiring().is_some() {
-                        retire.push((key, lk.given));
+                        retire.push((key, lk.given, lk.seen));
                     }
-                    if let Some(t) = lk.tomb() {
+                    if let Some(t) = lk.tomb()
+                        && fold_announced(key)
+                    {
                         retired.push((key, t));
                     }
                     if (relay != lk.relay_sent || lk.given != lk.given_sent)

@@ -17,6 +17,19 @@ impl Node {
         }
         link.unlink();
         self.usable_cache = None;
+        // Folds pending with that incarnation go with our side of the link into the frozen
+        // record below, for its heir.
+        let mut pending = Vec::new();
+        self.pending_folds.retain(|_, (f, _)| {
+            let with = f.peer == peer && f.peer_incarnation == inc;
+            if with {
+                pending.push((f.key, f.seen, f.net));
+            }
+            !with
+        });
+        self.received_folds
+            .retain(|&(p, _, _), &mut (i, _)| !(p == peer && i == inc));
+        self.confirm_after.retain(|c| c.0 != peer);
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
             if let Some(lk) = ks.links.remove(&peer) {
@@ -34,6 +47,7 @@ impl Node {
             (peer, inc),
             Frozen {
                 counters: rec,
+                pending,
                 version,
                 by_inc: self.inc,
                 used: self.last_tick,
@@ -89,6 +103,9 @@ impl Node {
         }
         let mut replier_incarnation = self.inc;
         let mut in_estate = true;
+        // Only this incarnation's pending folds: an older one's are in its own estate's
+        // reckoning (not adding them loses their nets at worst).
+        let mut pending = Vec::new();
         // Our dead incarnation's side of a link it still had live with the dead one, when
         // no later incarnation of ours exchanged anything with it: that side is the whole
         // answer (a later link that carried nothing changes no estate). Of several, the
@@ -109,6 +126,7 @@ impl Node {
                 prior: self.priors.get(&r.by_inc).copied(),
                 in_estate: self.in_old_estate(r, dead, inc),
                 entries: r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+                pending: Vec::new(),
             };
             self.push_reply(heir, reply);
             return;
@@ -138,6 +156,7 @@ impl Node {
             }
             Some(r) => {
                 replier_incarnation = r.by_inc;
+                pending = r.pending.clone();
                 r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
             }
             // No record: this incarnation never exchanged capacity with that one. Said even
@@ -155,6 +174,7 @@ impl Node {
             prior,
             in_estate,
             entries,
+            pending,
         };
         self.push_reply(heir, reply);
     }
@@ -238,6 +258,23 @@ impl Node {
         s.unvouched.remove(&from);
         for &(k, f, sv) in r.entries.iter().filter(|_| !folded) {
             *s.terms.entry(k).or_insert(0) += i128::from(f) - i128::from(sv);
+        }
+        if !folded {
+            let entries = &r.entries;
+            Self::unfolded_nets(
+                &s.ward.ledger,
+                from,
+                r.replier_incarnation,
+                |k| entries.iter().find(|e| e.0 == k).map(|e| e.2),
+                &mut s.terms,
+            );
+            Self::unreceived_nets(
+                &s.ward.ledger,
+                from,
+                r.replier_incarnation,
+                &r.pending,
+                &mut s.terms,
+            );
         }
         if s.waiting.is_empty() {
             self.finish_settle(r.dead, r.incarnation);
@@ -335,6 +372,16 @@ impl Node {
             for (&k, &(f, s)) in &rec.counters {
                 terms.insert(k, i128::from(f) - i128::from(s));
             }
+            Self::unfolded_nets(
+                &ward.ledger,
+                me,
+                by,
+                |k| rec.counters.get(&k).map(|c| c.1),
+                &mut terms,
+            );
+            if rec.by_inc == self.inc {
+                Self::unreceived_nets(&ward.ledger, me, by, &rec.pending, &mut terms);
+            }
         }
         let mut waiting: BTreeSet<NodeId> = ward
             .ledger
@@ -411,6 +458,48 @@ impl Node {
             .is_some_and(|s| s.waiting.is_empty())
         {
             self.finish_settle(n, inc);
+        }
+    }
+
+    /// The dead node's pending folds with `peer`'s incarnation `inc` that the peer had not
+    /// made when it froze the link: their nets go back into the estate (`seen_of` gives the
+    /// peer's final `seen` from the dead node per key). The peer's `seen` is still the
+    /// fold's `seen` exactly when it had not folded (see [`wire::PendingFold`]); a key the
+    /// peer has no counters for, it folded (or never held: nothing to add).
+    pub(super) fn unfolded_nets(
+        ledger: &Ledger,
+        peer: NodeId,
+        inc: u64,
+        seen_of: impl Fn(Key) -> Option<u64>,
+        terms: &mut BTreeMap<Key, i128>,
+    ) {
+        for f in &ledger.pending_folds {
+            if f.peer == peer
+                && f.peer_incarnation == inc
+                && f.seen > 0
+                && seen_of(f.key) == Some(f.seen)
+            {
+                *terms.entry(f.key).or_insert(0) += i128::from(f.net);
+            }
+        }
+    }
+
+    /// The replier's pending folds with the dead node (`pending`, from the replier's
+    /// incarnation `inc`) that the dead node's ledger does not list as received: it had not
+    /// folded them, or its heir holds a ledger from before it did, so its base lacks their
+    /// nets and its counters (lost with it, or frozen on the replier's side at zero) carry
+    /// them nowhere else: they go into the estate.
+    pub(super) fn unreceived_nets(
+        ledger: &Ledger,
+        peer: NodeId,
+        inc: u64,
+        pending: &[(Key, u64, u64)],
+        terms: &mut BTreeMap<Key, i128>,
+    ) {
+        for &(k, seen, net) in pending {
+            if !ledger.received_folds.contains(&(peer, inc, k, seen)) {
+                *terms.entry(k).or_insert(0) += i128::from(net);
+            }
         }
     }
 
