@@ -711,7 +711,7 @@ impl<T: Transport> Cluster<T> {
             self.shares.set(key, units, ahead);
         }
         self.shares.refresh(ahead);
-        // Reclaimed by the node (idle, capacity given back): the engine's next hit on it
+        // Reclaimed by the node (idle, back at its static split): the engine's next hit on it
         // starts again from the default share.
         for key in ready.reclaimed {
             self.shares.remove(key);

@@ -1,5 +1,5 @@
-//! Idle keys (module docs, "Idle keys"; docs/PROTOCOL.md): give back, retire balanced counters,
-//! drop what no state says.
+//! Idle keys (module docs, "Idle keys"; docs/PROTOCOL.md): level back to the static split,
+//! retire counters folding their net, drop what no state says.
 
 use super::*;
 

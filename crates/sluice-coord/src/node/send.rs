@@ -149,8 +149,8 @@ impl Node {
                     // entry says only "idle, nothing", which is what its absence from a
                     // message holding all our keys says (`Message::all_keys`; the law does not
                     // run between quiet ends). Kept aside, and sent only if the message must
-                    // be split (then absence says nothing). Keys kept after an inheritance
-                    // (see "Idle keys") then cost no entry bytes.
+                    // be split (then absence says nothing). Quiet keys still levelling or
+                    // folding elsewhere then cost no entry bytes on this link.
                     if ks.quiet
                         && lk.peer_idle
                         && lk.given == 0
