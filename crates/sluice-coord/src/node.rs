@@ -666,6 +666,7 @@ fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &m
         late_acks: Vec::new(),
         handovers: Vec::new(),
         handover_acks: Vec::new(),
+        rest: true,
         ..head.clone()
     };
     let rest_len = wire::encoded_len(&rest);
@@ -763,10 +764,12 @@ impl KeyState {
 #[derive(Debug, Clone, Default)]
 struct Frozen {
     counters: BTreeMap<Key, (u64, u64)>,
-    /// Our pending folds with the peer incarnation when we froze it, `(key, seen, net)`
-    /// (see [`wire::PendingFold`]): its heir adds them to its estate where it had not
-    /// folded.
-    pending: Vec<(Key, u64, u64)>,
+    /// Our pending folds with the peer incarnation when we froze it (or reincarnated),
+    /// `(key, seen, net, ledger version of the fold)` (see [`wire::PendingFold`]): the
+    /// peer's heir adds them to its estate where it had not folded, and where our own side
+    /// goes into our dead incarnation's estate (a late fold) with a ledger from before the
+    /// fold, that side is the counters before it.
+    pending: Vec<(Key, u64, u64, u64)>,
     version: u64,
     /// Our incarnation that froze the link (its counters are that incarnation's).
     by_inc: u64,
@@ -1195,6 +1198,14 @@ impl Node {
     #[must_use]
     pub fn dead_link_records(&self) -> usize {
         self.frozen.len()
+    }
+
+    /// Retirement folds under way here ("Idle keys"): those we made as the net giver that the
+    /// peer has not confirmed, and those we made as the net receiver that the peer may still
+    /// hold pending. Each is a line in our ledger; all end once the keys are reclaimed.
+    #[must_use]
+    pub fn fold_records(&self) -> usize {
+        self.pending_folds.len() + self.received_folds.len()
     }
 
     /// Keys with state here.

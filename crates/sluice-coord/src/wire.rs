@@ -243,6 +243,10 @@ pub struct Message {
     /// missing from it has no state at the sender, which is idle there (see [`crate::node`]
     /// "Idle keys": a neighbour that dropped a key sends no more entries saying it is idle).
     pub all_keys: bool,
+    /// A later part of a split send: it repeats only the header, so the lists that go in the
+    /// first part (ledger, settlement traffic, retirement lists) say nothing by their
+    /// absence here (header flag bit 7).
+    pub rest: bool,
     /// From an heir: "your incarnation N was declared dead and inherited" (0: none).
     pub dead_verdict: u64,
     /// With `dead_verdict`: the version of that incarnation's ledger the heir settles it
@@ -314,6 +318,7 @@ impl Default for Message {
             lifecycle: Lifecycle::Joining,
             to_heir: false,
             all_keys: false,
+            rest: false,
             dead_verdict: 0,
             verdict_version: None,
             ledger: None,
@@ -437,7 +442,8 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             | (u8::from(m.ledger.is_some()) << 3)
             | (u8::from(m.all_keys) << 4)
             | (u8::from(handovers) << 5)
-            | (u8::from(m.census.is_some()) << 6),
+            | (u8::from(m.census.is_some()) << 6)
+            | (u8::from(m.rest) << 7),
     );
     if let Some(l) = &m.ledger {
         put_ledger(out, l);
@@ -607,11 +613,8 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let dead_verdict = r.var()?;
     let verdict_version = r.var()?.checked_sub(1);
     let ledger_ack = r.var()?;
-    let at = r.at;
     let flags = r.byte()?;
-    if flags >> 7 != 0 {
-        return Err(WireError::Tag { tag: flags, at });
-    }
+    let rest = flags >> 7 != 0;
     let lifecycle = match flags & 3 {
         0 => Lifecycle::Joining,
         1 => Lifecycle::Active,
@@ -800,6 +803,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         lifecycle,
         to_heir,
         all_keys,
+        rest,
         dead_verdict,
         verdict_version,
         ledger,

@@ -1126,6 +1126,9 @@ fn keys_busy_at_a_crash_are_reclaimed() {
             .filter(|k| k.1 > 0)
             .collect();
         assert!(kept.is_empty(), "{name}: keys kept {kept:?}");
+        for i in 0..n {
+            assert_eq!(c.node(i).unwrap().fold_records(), 0, "{name}: node {i}");
+        }
         for k in keys.clone() {
             assert_eq!(c.sum_own(k), limit, "{name}: key {k}");
         }
@@ -1189,6 +1192,8 @@ fn quiet_keys_are_reclaimed_through_split_messages() {
             .filter(|&k| k >= 40)
             .collect();
         assert!(kept.is_empty(), "node {id} keeps quiet keys {kept:?}");
+        // Folds end on split messages too (their first part carries the retirement lists).
+        assert_eq!(c.node(id).unwrap().fold_records(), 0, "node {id}");
         assert_eq!(c.node(id).unwrap().active_keys().count(), 40);
     }
     for k in 0..60u64 {

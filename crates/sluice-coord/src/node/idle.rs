@@ -282,10 +282,11 @@ impl Node {
             }
             confirm.push(k);
         }
-        // A whole message (not one part of several) sent after the acknowledgement we
-        // folded on, that no longer acknowledges it: the peer had our confirmation and its
-        // pending fold is gone, so our record of it can go too.
-        if msg.all_keys && !stale && !self.received_folds.is_empty() {
+        // A message with the peer's whole retirement lists (not a later part of a split
+        // send) sent after the acknowledgement we folded on, that no longer acknowledges it:
+        // the peer had our confirmation and its pending fold is gone, so our record of it
+        // can go too.
+        if !msg.rest && !stale && !self.received_folds.is_empty() {
             let before = self.received_folds.len();
             self.received_folds.retain(|&(p, k, _), &mut (_, after)| {
                 p != from || msg.sent_at <= after || msg.retired.iter().any(|r| r.0 == k)

@@ -44,10 +44,32 @@ impl Node {
                     incarnation,
                     peer,
                     peer_incarnation,
-                    entries: r.counters.iter().map(|(&k, &(g, s))| (k, g, s)).collect(),
+                    entries: self.old_side(r),
                 })
             })
             .collect()
+    }
+
+    /// A dead incarnation's side of a link, `(key, given, seen)`, as its estate counts it.
+    /// A fold it made as the net giver after the ledger its heir settled it with (or we do
+    /// not know which) is undone: that estate has its base from before the fold, so its side
+    /// of the link is the counters from before it too (exact with the earlier ledger; with a
+    /// later one the net is lost, never counted twice — the peer cannot have folded unless
+    /// the heir held the fold). The same counters answer the peer's heir, so that the link
+    /// counts once whichever end's estate takes which side. Found by
+    /// `conservation_under_group_partitions`: a 5-ring, {3, 4} cut off just after 3 folded a
+    /// net of 583,806 for 4 — taken from after the fold with the ledger from before it, Σ
+    /// enforced reached 1.52 L; then, undone in the late fold but not in the answer to 4's
+    /// heir, 4's estate lost it.
+    pub(super) fn old_side(&self, r: &Frozen) -> Vec<(Key, u64, u64)> {
+        let known = self.estate_versions.get(&r.by_inc).copied();
+        let mut counters = r.counters.clone();
+        for &(k, seen, net, v) in &r.pending {
+            if known.is_none_or(|known| known < v) {
+                counters.insert(k, (seen, seen - net));
+            }
+        }
+        counters.iter().map(|(&k, &(g, s))| (k, g, s)).collect()
     }
 
     /// The side of our incarnation `by`'s link with `peer`'s incarnation `inc`, if we have it.

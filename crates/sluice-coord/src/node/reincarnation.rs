@@ -27,11 +27,17 @@ impl Node {
                 .iter()
                 .filter_map(|(&k, ks)| ks.links.get(&p).map(|lk| (k, (lk.given, lk.seen))))
                 .collect();
+            let pending = self
+                .pending_folds
+                .values()
+                .filter(|(f, _)| f.peer == p && f.peer_incarnation == l.inc)
+                .map(|(f, v)| (f.key, f.seen, f.net, *v))
+                .collect();
             let side = Frozen {
                 counters,
                 version: side_version,
                 by_inc: old,
-                pending: Vec::new(),
+                pending,
                 // Final sides are never forgotten (only a reincarnation makes them).
                 used: now,
             };

@@ -178,6 +178,7 @@ impl Node {
             lifecycle: self.lifecycle,
             to_heir,
             all_keys: link.neighbour,
+            rest: false,
             dead_verdict,
             verdict_version: self.settled_with.get(&(to, dead_verdict)).copied(),
             ledger,

@@ -20,10 +20,10 @@ impl Node {
         // Folds pending with that incarnation go with our side of the link into the frozen
         // record below, for its heir.
         let mut pending = Vec::new();
-        self.pending_folds.retain(|_, (f, _)| {
+        self.pending_folds.retain(|_, (f, v)| {
             let with = f.peer == peer && f.peer_incarnation == inc;
             if with {
-                pending.push((f.key, f.seen, f.net));
+                pending.push((f.key, f.seen, f.net, *v));
             }
             !with
         });
@@ -125,7 +125,7 @@ impl Node {
                 replier_incarnation: r.by_inc,
                 prior: self.priors.get(&r.by_inc).copied(),
                 in_estate: self.in_old_estate(r, dead, inc),
-                entries: r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+                entries: self.old_side(r),
                 pending: Vec::new(),
             };
             self.push_reply(heir, reply);
@@ -141,7 +141,7 @@ impl Node {
             Some(r) if r.by_inc != self.inc => {
                 replier_incarnation = r.by_inc;
                 in_estate = self.in_old_estate(r, dead, inc);
-                r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
+                self.old_side(r)
             }
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
@@ -156,7 +156,7 @@ impl Node {
             }
             Some(r) => {
                 replier_incarnation = r.by_inc;
-                pending = r.pending.clone();
+                pending = r.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect();
                 r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
             }
             // No record: this incarnation never exchanged capacity with that one. Said even
@@ -380,7 +380,9 @@ impl Node {
                 &mut terms,
             );
             if rec.by_inc == self.inc {
-                Self::unreceived_nets(&ward.ledger, me, by, &rec.pending, &mut terms);
+                let pending: Vec<(Key, u64, u64)> =
+                    rec.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect();
+                Self::unreceived_nets(&ward.ledger, me, by, &pending, &mut terms);
             }
         }
         let mut waiting: BTreeSet<NodeId> = ward
