@@ -885,6 +885,37 @@ fn group_cuts_chain_of_three() {
     assert!(r.is_ok(), "{r:?}");
 }
 
+/// Found by `conservation_under_group_partitions` with idle keys reclaimed
+/// (`PROPTEST_RNG_SEED=301`, 2,000 cases): a complete graph of 6 at 12 % loss, three group
+/// cuts. Node 0 folded a net of 113,443 it had given node 3 (a retirement); node 3 folded
+/// too, then {4, 5, 0} were cut off — node 3's heir, node 4, among them — and both were
+/// settled: node 3 with a ledger from before its fold, node 0 with one after its own. Node
+/// 0's reincarnation answered for the old link with its counters after the fold but without
+/// the pending fold, so node 3's estate lacked the net (Σ = 0.887 L). Now an old
+/// incarnation's answer carries the folds that stand in its estate, as a live node's does.
+#[test]
+fn an_old_incarnations_answer_carries_its_pending_folds() {
+    let r = run_scenario(
+        6,
+        Topology::Complete,
+        0.121_781_397_027_630_79,
+        0.087_698_795_487_508_1,
+        1,
+        false,
+        15_979_378_242_691_218_407,
+        vec![
+            Event::GroupPartitionHeal(1, 2, 11),
+            Event::GroupPartitionHeal(0, 2, 4),
+            Event::Demand(0, 0, 103_811.350_872_228_49),
+            Event::Demand(4, 1, 3_121.137_705_469_464),
+            Event::GroupPartitionHeal(4, 3, 11),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert!(r.is_ok(), "{r:?}");
+}
+
 /// Found by `conservation_under_network_faults` with a random seed (`PROPTEST_RNG_SEED=201`,
 /// 2,000 cases): no crash and no partition, but 46.5 % loss, 26 % duplicates and two cycles
 /// of delay on a complete graph of 5. Node 0 falsely suspects node 4 and settles it; node 0

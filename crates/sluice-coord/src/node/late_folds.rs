@@ -44,7 +44,7 @@ impl Node {
                     incarnation,
                     peer,
                     peer_incarnation,
-                    entries: self.old_side(r),
+                    entries: self.old_side(r).0,
                 })
             })
             .collect()
@@ -60,16 +60,23 @@ impl Node {
     /// `conservation_under_group_partitions`: a 5-ring, {3, 4} cut off just after 3 folded a
     /// net of 583,806 for 4 — taken from after the fold with the ledger from before it, Σ
     /// enforced reached 1.52 L; then, undone in the late fold but not in the answer to 4's
-    /// heir, 4's estate lost it.
-    pub(super) fn old_side(&self, r: &Frozen) -> Vec<(Key, u64, u64)> {
+    /// heir, 4's estate lost it. The folds that stand (in that estate's ledger) come back as
+    /// the answer's pending folds, as a live node's do ([`wire::SettleReply::pending`]);
+    /// without them, a 6-node run with a 3-node cut lost the net of a fold the receiver had
+    /// made after the ledger its own heir settled it with.
+    pub(super) fn old_side(&self, r: &Frozen) -> (Vec<(Key, u64, u64)>, Vec<(Key, u64, u64)>) {
         let known = self.estate_versions.get(&r.by_inc).copied();
         let mut counters = r.counters.clone();
+        let mut pending = Vec::new();
         for &(k, seen, net, v) in &r.pending {
             if known.is_none_or(|known| known < v) {
                 counters.insert(k, (seen, seen - net));
+            } else {
+                pending.push((k, seen, net));
             }
         }
-        counters.iter().map(|(&k, &(g, s))| (k, g, s)).collect()
+        let entries = counters.iter().map(|(&k, &(g, s))| (k, g, s)).collect();
+        (entries, pending)
     }
 
     /// The side of our incarnation `by`'s link with `peer`'s incarnation `inc`, if we have it.

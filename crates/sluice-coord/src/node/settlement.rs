@@ -119,14 +119,15 @@ impl Node {
             .range((dead, inc, 0)..=(dead, inc, u64::MAX))
             .next_back()
         {
+            let (entries, pending) = self.old_side(r);
             let reply = SettleReply {
                 dead,
                 incarnation: inc,
                 replier_incarnation: r.by_inc,
                 prior: self.priors.get(&r.by_inc).copied(),
                 in_estate: self.in_old_estate(r, dead, inc),
-                entries: self.old_side(r),
-                pending: Vec::new(),
+                entries,
+                pending,
             };
             self.push_reply(heir, reply);
             return;
@@ -141,7 +142,9 @@ impl Node {
             Some(r) if r.by_inc != self.inc => {
                 replier_incarnation = r.by_inc;
                 in_estate = self.in_old_estate(r, dead, inc);
-                self.old_side(r)
+                let (entries, old_pending) = self.old_side(r);
+                pending = old_pending;
+                entries
             }
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
