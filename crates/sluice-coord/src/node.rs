@@ -202,6 +202,9 @@ pub type Nanos = u64;
 /// allocation per message.
 type Usable = Arc<[(NodeId, f64)]>;
 
+/// Per key `(key, a, b)`: a link's counters (given, seen) or a fold's (seen, net).
+type KeyTriples = Vec<(Key, u64, u64)>;
+
 /// The weight of `p` in `usable`, if usable.
 fn usable_weight(usable: &[(NodeId, f64)], p: NodeId) -> Option<f64> {
     usable

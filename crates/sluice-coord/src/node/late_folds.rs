@@ -64,7 +64,7 @@ impl Node {
     /// the answer's pending folds, as a live node's do ([`wire::SettleReply::pending`]);
     /// without them, a 6-node run with a 3-node cut lost the net of a fold the receiver had
     /// made after the ledger its own heir settled it with.
-    pub(super) fn old_side(&self, r: &Frozen) -> (Vec<(Key, u64, u64)>, Vec<(Key, u64, u64)>) {
+    pub(super) fn old_side(&self, r: &Frozen) -> (KeyTriples, KeyTriples) {
         let known = self.estate_versions.get(&r.by_inc).copied();
         let mut counters = r.counters.clone();
         let mut pending = Vec::new();
