@@ -372,21 +372,27 @@ impl Node {
         };
         let in_estate = rec.is_none_or(|r| r.by_inc == self.inc || self.in_old_estate(r, n, inc));
         if let Some(rec) = rec.filter(|_| !folded) {
-            for (&k, &(f, s)) in &rec.counters {
+            // Our side as a neighbour's answer gives it (`answer_settle`): an older
+            // incarnation's as its estate counts it.
+            let (entries, pending): (KeyTriples, KeyTriples) = if rec.by_inc == self.inc {
+                (
+                    rec.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+                    rec.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect(),
+                )
+            } else {
+                self.old_side(rec)
+            };
+            for &(k, f, s) in &entries {
                 terms.insert(k, i128::from(f) - i128::from(s));
             }
             Self::unfolded_nets(
                 &ward.ledger,
                 me,
                 by,
-                |k| rec.counters.get(&k).map(|c| c.1),
+                |k| entries.iter().find(|e| e.0 == k).map(|e| e.2),
                 &mut terms,
             );
-            if rec.by_inc == self.inc {
-                let pending: Vec<(Key, u64, u64)> =
-                    rec.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect();
-                Self::unreceived_nets(&ward.ledger, me, by, &pending, &mut terms);
-            }
+            Self::unreceived_nets(&ward.ledger, me, by, &pending, &mut terms);
         }
         let mut waiting: BTreeSet<NodeId> = ward
             .ledger
