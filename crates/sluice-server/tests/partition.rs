@@ -24,7 +24,10 @@
 //!   `gamma: auto` follows the membership: on a complete graph the survivors recompute γ* for
 //!   K_{n−1} (seed 000 Thm 2, capped by seed 003 eq. 15);
 //! * after every node restarts at once (nobody left to inherit), the cluster takes its whole
-//!   limit back (`sluice-coord`'s census).
+//!   limit back (`sluice-coord`'s census);
+//! * keys busy when a node crashed are reclaimed once idle, like any other: every driver
+//!   drops them (node state and engine share table), and a key that comes back starts from
+//!   the static split, as a key never seen does.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
 use std::cell::{Cell, RefCell};
@@ -128,8 +131,10 @@ impl Transport for SimUdp {
 /// What the test sets and reads on one node (shared with its host's tasks).
 #[derive(Debug, Default)]
 struct Ctl {
-    /// Offered requests per second.
+    /// Offered requests per second (tenant `acme`, the key most tests watch).
     rate: Cell<f64>,
+    /// Offered requests per second of other tenants of the same rule (other keys).
+    tenants: RefCell<BTreeMap<String, f64>>,
     /// Weak: only the host's own tasks keep the driver (and its socket) alive, so a crash
     /// drops them inside the simulation, which unbinds the port for the restart.
     cluster: RefCell<Weak<Cluster<SimUdp>>>,
@@ -176,20 +181,40 @@ impl Sample {
     }
 }
 
+/// The key of tenant `t` (a descriptor value of the rule).
+fn tenant_key(t: &str) -> u64 {
+    cluster_key("api", [("tenant", t)])
+}
+
+fn request(tenant: &str) -> Request {
+    Request::new("api", [Descriptor::new([("tenant", tenant)])])
+}
+
+/// Decides `owed` requests of `req` (whole ones; the fraction stays owed).
+fn decide(engine: &Engine, ctl: &Ctl, req: &Request, owed: &mut f64) {
+    while *owed >= 1.0 {
+        *owed -= 1.0;
+        let now = turmoil::since_epoch().unwrap().as_nanos() as u64;
+        match engine.should_rate_limit(now, req).unwrap().overall_code {
+            Code::Ok => ctl.admitted.set(ctl.admitted.get() + 1),
+            Code::OverLimit => ctl.refused.set(ctl.refused.get() + 1),
+        }
+    }
+}
+
 async fn offer(engine: &Engine, ctl: &Ctl) {
-    let req = Request::new("api", [Descriptor::new([("tenant", "acme")])]);
+    let req = request("acme");
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     let mut owed = 0.0;
+    let mut others: BTreeMap<String, (Request, f64)> = BTreeMap::new();
     loop {
         tick.tick().await;
         owed += ctl.rate.get() * 0.005;
-        while owed >= 1.0 {
-            owed -= 1.0;
-            let now = turmoil::since_epoch().unwrap().as_nanos() as u64;
-            match engine.should_rate_limit(now, &req).unwrap().overall_code {
-                Code::Ok => ctl.admitted.set(ctl.admitted.get() + 1),
-                Code::OverLimit => ctl.refused.set(ctl.refused.get() + 1),
-            }
+        decide(engine, ctl, &req, &mut owed);
+        for (t, &rate) in ctl.tenants.borrow().iter() {
+            let (req, owed) = others.entry(t.clone()).or_insert_with(|| (request(t), 0.0));
+            *owed += rate * 0.005;
+            decide(engine, ctl, req, owed);
         }
     }
 }
@@ -197,6 +222,16 @@ async fn offer(engine: &Engine, ctl: &Ctl) {
 impl<'a> Net<'a> {
     /// `n` nodes, every one linked to every other (the default topology), `gamma: auto`.
     fn new(n: usize, fallback: Fallback, seed: u64) -> Self {
+        Self::with_spec(n, fallback, seed, |_| {})
+    }
+
+    /// [`Net::new`], with `tweak` applied to every node's spec.
+    fn with_spec(
+        n: usize,
+        fallback: Fallback,
+        seed: u64,
+        tweak: impl Fn(&mut ClusterSpec),
+    ) -> Self {
         let mut sim = turmoil::Builder::new()
             .simulation_duration(Duration::from_secs(600))
             .tick_duration(STEP)
@@ -234,6 +269,7 @@ impl<'a> Net<'a> {
             spec.lease = LEASE;
             spec.fallback = fallback;
             spec.state_file = Some(state_dir.join(format!("node{i}")));
+            tweak(&mut spec);
             let c = Rc::new(Ctl::default());
             ctl.push(c.clone());
             let (me, loss) = (ips[i], loss.clone());
@@ -290,7 +326,26 @@ impl<'a> Net<'a> {
         }
     }
 
-    fn sample(&self) -> Sample {
+    /// Sets the offered rates of other tenants at node `i`, fractions of the limit.
+    fn set_tenant_rates(&self, i: usize, rates: &[(&str, f64)]) {
+        let mut t = self.ctl[i].tenants.borrow_mut();
+        for &(name, r) in rates {
+            t.insert(name.to_string(), r * LIMIT as f64);
+        }
+    }
+
+    /// Stops every node's traffic, on every key.
+    fn stop_traffic(&self) {
+        for c in &self.ctl {
+            c.rate.set(0.0);
+            for r in c.tenants.borrow_mut().values_mut() {
+                *r = 0.0;
+            }
+        }
+    }
+
+    /// What every running engine enforces for `key` now.
+    fn sample_key(&self, key: u64) -> Sample {
         let units = self
             .ctl
             .iter()
@@ -302,7 +357,7 @@ impl<'a> Net<'a> {
                 c.cluster
                     .borrow()
                     .upgrade()
-                    .map(|cl| cl.shares().units(key()))
+                    .map(|cl| cl.shares().units(key))
             })
             .collect();
         Sample {
@@ -314,14 +369,54 @@ impl<'a> Net<'a> {
     /// Runs for `d`, checking `check` after every step; returns the samples.
     fn run(&mut self, d: Duration, mut check: impl FnMut(&Sample)) -> Vec<Sample> {
         let mut out = Vec::new();
+        self.run_keys(d, &[key()], |_, s| {
+            check(&s[0]);
+            out.push(s[0].clone());
+            false
+        });
+        out
+    }
+
+    /// Runs for at most `d`, calling `check` after every step with a sample of each of `keys`
+    /// (in order), until it returns `true`; returns when it did.
+    fn run_keys(
+        &mut self,
+        d: Duration,
+        keys: &[u64],
+        mut check: impl FnMut(&Self, &[Sample]) -> bool,
+    ) -> Option<Duration> {
         let end = self.sim.elapsed() + d;
         while self.sim.elapsed() < end {
             self.sim.step().unwrap();
-            let s = self.sample();
-            check(&s);
-            out.push(s);
+            let s: Vec<Sample> = keys.iter().map(|&k| self.sample_key(k)).collect();
+            if check(self, &s) {
+                return Some(self.sim.elapsed());
+            }
         }
-        out
+        None
+    }
+
+    /// How many keys node `i` holds state for: (in its `sluice-coord` node, as `/v1/cluster`
+    /// lists them; in its engine's share table). `None` while it is down.
+    fn keys_held(&self, i: usize) -> Option<(usize, usize)> {
+        if self.crashed.contains(&i) {
+            return None;
+        }
+        let status = self.ctl[i].status.borrow().as_ref()?.keys.len();
+        let shares = self.ctl[i].cluster.borrow().upgrade()?.shares().len();
+        Some((status, shares))
+    }
+
+    /// The units node `i`'s engine enforces for a key it holds no state for (its static
+    /// split; the fallback once its lease expired).
+    fn default_units(&self, i: usize) -> u64 {
+        self.ctl[i]
+            .cluster
+            .borrow()
+            .upgrade()
+            .unwrap()
+            .shares()
+            .default_units()
     }
 
     fn status(&self, i: usize) -> ClusterStatus {
@@ -753,5 +848,180 @@ fn a_whole_cluster_restart_takes_the_limit_back() {
         "whole restart: at L {settled:?} after the restarts, shares following demand \
          {follows:?}, shares {:?}",
         back.last().unwrap().units
+    );
+}
+
+/// Node `i`'s initial share of every key, units (`sluice-coord`'s `Config::initial_share`:
+/// `L/n`, the remainder to the lowest ids).
+fn initial_share(n: usize, i: usize) -> u64 {
+    SCALE / n as u64 + u64::from((i as u64) < SCALE % n as u64)
+}
+
+/// [`strict`] for every key sampled (a check for [`Net::run_keys`] that never stops).
+fn strict_keys(_: &Net<'_>, samples: &[Sample]) -> bool {
+    samples.iter().for_each(strict);
+    false
+}
+
+/// Keys busy when a node crashed are reclaimed once idle, by every driver (docs/PROTOCOL.md
+/// "Idle keys": level requests bring every node back to its static split, unbalanced links
+/// fold their net into the bases). Twelve tenants of one rule are busy at three nodes each
+/// (some keys over their limit, some under) on a complete graph of 5 with `idle_after` 1 s;
+/// node 1 crashes while they are busy, its heir inherits, node 1 restarts, then all traffic
+/// stops. The limit holds for every key at every step; within a deadline every node holds
+/// no state for any key (neither its `sluice-coord` node, as `/v1/cluster` lists them, nor
+/// its engine's share table: `Ready::reclaimed`); and a reclaimed key that comes back
+/// starts from the static split and then moves exactly as a key never seen does, so
+/// nothing was lost or counted twice.
+///
+/// The static split after the crash: the heir holds its own initial share and the dead
+/// incarnation's, the restarted node only its reservation (none here), the others `L/n`.
+#[test]
+fn keys_busy_at_a_crash_are_reclaimed_by_every_driver() {
+    let n = 5;
+    let down = 1;
+    let idle_after = Duration::from_secs(1);
+    let mut net = Net::with_spec(n, Fallback::None, 13, |s| s.idle_after = idle_after);
+    let tenants: Vec<String> = (0..12).map(|j| format!("t{j:02}")).collect();
+    // A key never used before the end, to compare a reclaimed key with.
+    let fresh = "fresh";
+    let keys: Vec<u64> = tenants
+        .iter()
+        .map(String::as_str)
+        .chain([fresh])
+        .map(tenant_key)
+        .collect();
+    // Tenant j at nodes j, j + 2 and j + 3 (mod 5), each offering 0.15–0.45 of the limit.
+    for (j, t) in tenants.iter().enumerate() {
+        let r = 0.15 + 0.1 * (j % 4) as f64;
+        for i in [j % n, (j + 2) % n, (j + 3) % n] {
+            net.set_tenant_rates(i, &[(t, r)]);
+        }
+    }
+    net.run_keys(Duration::from_secs(2), &keys, strict_keys);
+    for i in 0..n {
+        let (held, _) = net.keys_held(i).unwrap();
+        assert_eq!(held, tenants.len(), "node {i}: {:?}", net.status(i));
+    }
+    // The busy keys are off the static split at the node about to crash.
+    let off = keys[..tenants.len()]
+        .iter()
+        .filter(|&&k| net.sample_key(k).of(down).abs_diff(initial_share(n, down)) > SCALE / 100)
+        .count();
+    assert!(
+        off >= tenants.len() / 2,
+        "only {off} keys off the split at node {down}"
+    );
+    let heir = net.status(down).heir.unwrap() as usize;
+
+    let crash = net.sim.elapsed();
+    net.crash(down);
+    net.run_keys(LEASE * 3, &keys, strict_keys);
+    assert_eq!(
+        net.default_units(heir),
+        initial_share(n, heir) + initial_share(n, down),
+        "the heir inherits node {down}'s initial share"
+    );
+    net.restart(down);
+    net.run_keys(Duration::from_secs(1), &keys, strict_keys);
+    assert!(net.status(down).incarnation >= 2, "{:?}", net.status(down));
+    let at_stop: Vec<_> = (0..n).map(|i| net.keys_held(i).unwrap()).collect();
+    assert!(
+        at_stop.iter().all(|&(k, _)| k == tenants.len()),
+        "every node holds every busy key when traffic stops: {at_stop:?}"
+    );
+
+    let stop = net.sim.elapsed();
+    net.stop_traffic();
+    // When each node last held some state (None: not since the stop).
+    let mut last_held: Vec<Option<Duration>> = vec![None; n];
+    let deadline = Duration::from_secs(10);
+    let reclaimed = net.run_keys(deadline, &keys, |net, s| {
+        strict_keys(net, s);
+        let mut done = true;
+        for (i, last) in last_held.iter_mut().enumerate() {
+            if net.keys_held(i) != Some((0, 0)) {
+                *last = Some(s[0].t);
+                done = false;
+            }
+        }
+        done
+    });
+    let Some(reclaimed) = reclaimed else {
+        let held: Vec<_> = (0..n)
+            .map(|i| {
+                let keys = net.status(i).keys.into_iter().map(|k| (k.key, k.share));
+                (net.keys_held(i), keys.collect::<Vec<_>>())
+            })
+            .collect();
+        panic!(
+            "{deadline:?} after traffic stopped (node {down} crashed at {crash:?}) nodes still \
+             hold state; per node (keys in the node, in the share table), the node's keys and \
+             shares: {held:?}"
+        );
+    };
+    // Each node's own last moment with state, after the stop.
+    let per_node: Vec<Duration> = last_held
+        .iter()
+        .map(|l| l.map_or(Duration::ZERO, |t| t + STEP - stop))
+        .collect();
+    // And it stays so: nothing comes back without traffic.
+    net.run_keys(Duration::from_secs(1), &keys, |net, s| {
+        strict_keys(net, s);
+        for i in 0..n {
+            assert_eq!(net.keys_held(i), Some((0, 0)), "node {i} at {:?}", s[0].t);
+        }
+        false
+    });
+
+    // The static split, exactly: the initial shares, node `down`'s at its heir.
+    let split: Vec<u64> = (0..n)
+        .map(|i| match i {
+            _ if i == down => 0,
+            _ if i == heir => initial_share(n, heir) + initial_share(n, down),
+            _ => initial_share(n, i),
+        })
+        .collect();
+    let defaults: Vec<u64> = (0..n).map(|i| net.default_units(i)).collect();
+    assert_eq!(defaults, split, "static split after reclamation");
+    assert_eq!(defaults.iter().sum::<u64>(), SCALE);
+
+    // A reclaimed key that was busy at the crashed node comes back with a fresh key, the same
+    // traffic at the same nodes: both start from the static split and stay identical.
+    let back = &tenants[1];
+    let pair = [tenant_key(back), tenant_key(fresh)];
+    for i in [0, down, 3] {
+        net.set_tenant_rates(i, &[(back, 0.4), (fresh, 0.4)]);
+    }
+    let resumed = net.sim.elapsed();
+    let mut first: Option<Vec<Sample>> = None;
+    let mut sums = Vec::new();
+    net.run_keys(Duration::from_secs(2), &pair, |_, s| {
+        s.iter().for_each(strict);
+        assert_eq!(
+            s[0].units, s[1].units,
+            "at {:?} the reclaimed key and a fresh one differ",
+            s[0].t
+        );
+        first.get_or_insert_with(|| s.to_vec());
+        sums.push(s[0].clone());
+        false
+    });
+    // What the engine's first hits on either key were decided with.
+    let first = first.unwrap();
+    for s in &first {
+        let units: Vec<u64> = s.units.iter().map(|u| u.unwrap()).collect();
+        assert_eq!(units, split, "a returning key starts from the static split");
+    }
+    let settled = settles(&sums, resumed, 0.999).expect("the returning key gets its whole limit");
+    eprintln!(
+        "busy keys at a crash: node {down} crashed (heir {heir}) and restarted; keys held \
+         (node, share table) when traffic stopped {at_stop:?}; every node without state \
+         {:?} after the stop (idle_after {idle_after:?}; per node {per_node:?}); static split \
+         after {split:?} units (sum {}); key {back} back from it, identical to a fresh key, \
+         Σ at L {settled:?} after, shares after 2 s {:?}",
+        reclaimed - stop,
+        split.iter().sum::<u64>(),
+        sums.last().unwrap().units
     );
 }
