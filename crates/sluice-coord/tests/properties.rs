@@ -264,7 +264,7 @@ proptest! {
     /// Issue 3 §7: limits per dynamic key appear and disappear at run time. Random keys get
     /// busy at random nodes and go quiet again, under loss, duplication and reordering, on
     /// rings, complete and random graphs, and in half the cases one node crashes while keys
-    /// are busy and restarts later: Σ own ≤ L for every key after every cycle (seed 003
+    /// are busy and restarts later: Σ enforced ≤ L for every key after every cycle (seed 003
     /// §IV). Once every key has been idle long enough, every node holds no key state at all,
     /// and every key is back at its static split exactly (nothing lost, nothing counted
     /// twice) — after a crash too, where the heir's and the neighbours' bases end off the
@@ -300,9 +300,13 @@ proptest! {
         let net = NetConfig { loss, dup, max_delay: delay * CYCLE };
         let mut c = Cluster::new(n, &edges, make, net, seed).unwrap();
         let keys: Vec<u64> = (0..6).map(|k| 100 + k).collect();
+        // Σ enforced ≤ L (the guarantee; `c.violations` has it at every delivery too). Not
+        // Σ own: a node falsely suspected (its lease ran out, its heir inherited) still holds
+        // its share until it learns it was declared dead, but enforces its fallback
+        // (`PROPTEST_RNG_SEED=77` at 30–50 % loss found Σ own 1.24 L with Σ enforced ≤ L).
         let check = |c: &Cluster| -> Result<(), TestCaseError> {
             for &k in &keys {
-                prop_assert!(c.sum_own(k) <= LIMIT, "key {} Σ own {} at t={}", k, c.sum_own(k), c.now());
+                prop_assert!(c.sum_enforced(k) <= LIMIT, "key {} Σ enforced {} at t={}", k, c.sum_enforced(k), c.now());
             }
             prop_assert!(c.violations.is_empty(), "{:?}", c.violations);
             Ok(())
