@@ -762,11 +762,29 @@ impl KeyState {
     }
 }
 
+/// A fold we made as a retirement's net receiver ("Idle keys"), listed in our ledger until the
+/// peer no longer holds it pending.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    /// The peer's incarnation.
+    inc: u64,
+    /// The peer's clock on the acknowledgement we folded on.
+    after: Nanos,
+    /// The net we folded into our base.
+    net: u64,
+    /// Our ledger version with the fold.
+    version: u64,
+}
+
 /// Final counters with a dead incarnation: per key `(F, S)`, and the ledger version that
 /// records their effect on our bases.
 #[derive(Debug, Clone, Default)]
 struct Frozen {
     counters: BTreeMap<Key, (u64, u64)>,
+    /// Folds we made as the net receiver on this link, `(key, seen, net, ledger version)`:
+    /// where our dead incarnation's estate has a ledger from before one, our side is the
+    /// counters from before it (see `Node::old_side`).
+    received: Vec<(Key, u64, u64, u64)>,
     /// Our pending folds with the peer incarnation when we froze it (or reincarnated),
     /// `(key, seen, net, ledger version of the fold)` (see [`wire::PendingFold`]): the
     /// peer's heir adds them to its estate where it had not folded, and where our own side
@@ -908,7 +926,7 @@ pub struct Node {
     /// incarnation and the time (its clock) of the message whose acknowledgement we folded
     /// on; in our ledger until a later whole message of the peer no longer acknowledges it
     /// (its pending fold is gone). See [`wire::Ledger::received_folds`].
-    received_folds: BTreeMap<(NodeId, Key, u64), (u64, Nanos)>,
+    received_folds: BTreeMap<(NodeId, Key, u64), Received>,
     /// Confirmations `(peer, key, ledger version)` held until our heir holds the version
     /// with our fold: the peer drops its pending fold on our confirmation.
     confirm_after: Vec<(NodeId, Key, u64)>,

@@ -270,8 +270,15 @@ impl Node {
                     // confirmation (which ends that) waits until our heir holds it: a heir
                     // settling us then knows our base has the net (`Ledger::received_folds`).
                     let inc = self.links.get(&from).map_or(0, |l| l.inc);
-                    self.received_folds
-                        .insert((from, k, seen), (inc, msg.sent_at));
+                    self.received_folds.insert(
+                        (from, k, seen),
+                        Received {
+                            inc,
+                            after: msg.sent_at,
+                            net,
+                            version: self.ledger_version,
+                        },
+                    );
                     self.confirm_after.push((from, k, self.ledger_version));
                     continue;
                 }
@@ -288,8 +295,17 @@ impl Node {
         // can go too.
         if !msg.rest && !stale && !self.received_folds.is_empty() {
             let before = self.received_folds.len();
-            self.received_folds.retain(|&(p, k, _), &mut (_, after)| {
-                p != from || msg.sent_at <= after || msg.retired.iter().any(|r| r.0 == k)
+            // Only from the incarnation the fold was with, to ours: a peer that froze our
+            // link (it was told we are dead) no longer lists the acknowledgement, but still
+            // holds its pending fold, in its record of the link (found by
+            // `conservation_under_group_partitions`: a complete graph of 6 at 22 % loss).
+            let me = self.inc;
+            self.received_folds.retain(|&(p, k, _), r| {
+                p != from
+                    || msg.from_inc != r.inc
+                    || msg.to_inc != me
+                    || msg.sent_at <= r.after
+                    || msg.retired.iter().any(|x| x.0 == k)
             });
             if self.received_folds.len() != before {
                 self.ledger_version += 1;

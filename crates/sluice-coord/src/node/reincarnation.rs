@@ -33,11 +33,18 @@ impl Node {
                 .filter(|(f, _)| f.peer == p && f.peer_incarnation == l.inc)
                 .map(|(f, v)| (f.key, f.seen, f.net, *v))
                 .collect();
+            let received = self
+                .received_folds
+                .iter()
+                .filter(|(key, r)| key.0 == p && r.inc == l.inc)
+                .map(|(&(_, k, seen), r)| (k, seen, r.net, r.version))
+                .collect();
             let side = Frozen {
                 counters,
                 version: side_version,
                 by_inc: old,
                 pending,
+                received,
                 // Final sides are never forgotten (only a reincarnation makes them).
                 used: now,
             };

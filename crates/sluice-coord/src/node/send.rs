@@ -37,7 +37,7 @@ impl Node {
             received_folds: self
                 .received_folds
                 .iter()
-                .map(|(&(p, k, seen), &(inc, _))| (p, inc, k, seen))
+                .map(|(&(p, k, seen), r)| (p, r.inc, k, seen))
                 .collect(),
         }
     }

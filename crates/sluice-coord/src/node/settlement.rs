@@ -27,8 +27,14 @@ impl Node {
             }
             !with
         });
-        self.received_folds
-            .retain(|&(p, _, _), &mut (i, _)| !(p == peer && i == inc));
+        let mut received = Vec::new();
+        self.received_folds.retain(|&(p, k, seen), r| {
+            let with = p == peer && r.inc == inc;
+            if with {
+                received.push((k, seen, r.net, r.version));
+            }
+            !with
+        });
         self.confirm_after.retain(|c| c.0 != peer);
         let mut rec = BTreeMap::new();
         for (&key, ks) in &mut self.keys {
@@ -48,6 +54,7 @@ impl Node {
             Frozen {
                 counters: rec,
                 pending,
+                received,
                 version,
                 by_inc: self.inc,
                 used: self.last_tick,
