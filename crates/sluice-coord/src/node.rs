@@ -749,6 +749,27 @@ impl KeyState {
         self.given_sum = self.given_sum.wrapping_sub(given);
     }
 
+    /// Gives out of `spare` to `asks` in their order, each at most its whole units, until
+    /// `spare` runs out (the law's, the relay's and the level gifts); `gave` hears each
+    /// neighbour given to.
+    fn give_in_order(
+        &mut self,
+        asks: impl IntoIterator<Item = (NodeId, f64)>,
+        mut spare: u64,
+        mut gave: impl FnMut(NodeId),
+    ) {
+        for (p, open) in asks {
+            let amount = (open.floor() as u64).min(spare);
+            if amount == 0 {
+                break;
+            }
+            spare -= amount;
+            if self.give_to(p, amount) {
+                gave(p);
+            }
+        }
+    }
+
     /// Records a gift of `amount` to `p` (the link's `given` grows).
     fn give_to(&mut self, p: NodeId, amount: u64) -> bool {
         match self.links.get_mut(&p) {

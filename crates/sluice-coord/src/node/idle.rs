@@ -82,7 +82,7 @@ impl Node {
         let floor = self.level_floor();
         let mut asks = StackVec::<(NodeId, u8, f64), 16>::new();
         for ks in self.keys.values_mut().filter(|k| k.quiet) {
-            let mut spare = ks.own().saturating_sub(floor);
+            let spare = ks.own().saturating_sub(floor);
             if spare == 0 {
                 continue;
             }
@@ -100,14 +100,7 @@ impl Node {
                     .filter(|a| a.2 >= 1.0),
             );
             asks.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.total_cmp(&a.2)));
-            for &(p, _, open) in asks.iter() {
-                let amount = (open.floor() as u64).min(spare);
-                if amount == 0 {
-                    break;
-                }
-                spare -= amount;
-                ks.give_to(p, amount);
-            }
+            ks.give_in_order(asks.iter().map(|&(p, _, open)| (p, open)), spare, |_| {});
         }
     }
 

@@ -164,7 +164,7 @@ impl Node {
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let floor = ks.demand.estimate().max(reservation as f64);
-            let mut spare = (own as f64 - floor).max(0.0).floor() as u64;
+            let spare = (own as f64 - floor).max(0.0).floor() as u64;
             if spare == 0 {
                 continue;
             }
@@ -177,18 +177,11 @@ impl Node {
                     .filter(|a| a.1 >= 1.0),
             );
             asks.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for &(p, open) in asks.iter() {
-                let amount = (open.floor() as u64).min(spare);
-                if amount == 0 {
-                    break;
-                }
-                spare -= amount;
-                if ks.give_to(p, amount)
-                    && let Some(g) = gave.as_deref_mut()
-                {
+            ks.give_in_order(asks.iter().copied(), spare, |p| {
+                if let Some(g) = gave.as_deref_mut() {
                     g.push(p);
                 }
-            }
+            });
         }
     }
 
@@ -215,7 +208,7 @@ impl Node {
         for ks in self.keys.values_mut() {
             let own = ks.own();
             let p_own = measure.indicator(ks.demand.estimate(), own as f64);
-            let mut budget = own.saturating_sub(reservation);
+            let budget = own.saturating_sub(reservation);
             wants.clear();
             wants.extend(ks.links.iter().filter_map(|(p, lk)| {
                 let w = usable_weight(usable, *p)?;
@@ -238,14 +231,7 @@ impl Node {
                 (g >= 1.0).then_some((*p, g))
             }));
             wants.sort_by(|a, b| b.1.total_cmp(&a.1));
-            for &(p, g) in wants.iter() {
-                let amount = (g.floor() as u64).min(budget);
-                if amount == 0 {
-                    break;
-                }
-                budget -= amount;
-                ks.give_to(p, amount);
-            }
+            ks.give_in_order(wants.iter().copied(), budget, |_| {});
         }
     }
 }
