@@ -64,6 +64,20 @@ impl Node {
     /// the answer's pending folds, as a live node's do ([`wire::SettleReply::pending`]);
     /// without them, a 6-node run with a 3-node cut lost the net of a fold the receiver had
     /// made after the ledger its own heir settled it with.
+    /// Our side of a link as a record has it, `(entries (key, given, seen), pending folds
+    /// (key, seen, net))`: this incarnation's as it stands (its folds pending), a dead one's
+    /// as its estate counts it ([`Node::old_side`]).
+    pub(super) fn side(&self, r: &Frozen) -> (KeyTriples, KeyTriples) {
+        if r.by_inc == self.inc {
+            (
+                r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
+                r.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect(),
+            )
+        } else {
+            self.old_side(r)
+        }
+    }
+
     pub(super) fn old_side(&self, r: &Frozen) -> (KeyTriples, KeyTriples) {
         let known = self.estate_versions.get(&r.by_inc).copied();
         let mut counters = r.counters.clone();

@@ -149,9 +149,9 @@ impl Node {
             Some(r) if r.by_inc != self.inc => {
                 replier_incarnation = r.by_inc;
                 in_estate = self.in_old_estate(r, dead, inc);
-                let (entries, old_pending) = self.old_side(r);
-                pending = old_pending;
-                entries
+                let side;
+                (side, pending) = self.side(r);
+                side
             }
             // Pitfall (a) for our own heir: the freeze changed our bases; answer only once
             // our heir holds a ledger with that change, or a crash (or our own settlement)
@@ -166,8 +166,9 @@ impl Node {
             }
             Some(r) => {
                 replier_incarnation = r.by_inc;
-                pending = r.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect();
-                r.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect()
+                let side;
+                (side, pending) = self.side(r);
+                side
             }
             // No record: this incarnation never exchanged capacity with that one. Said even
             // after a restart (we may have lost an earlier incarnation's record): the reply
@@ -270,18 +271,11 @@ impl Node {
             *s.terms.entry(k).or_insert(0) += i128::from(f) - i128::from(sv);
         }
         if !folded {
-            let entries = &r.entries;
-            Self::unfolded_nets(
+            Self::fold_terms(
                 &s.ward.ledger,
                 from,
                 r.replier_incarnation,
-                |k| entries.iter().find(|e| e.0 == k).map(|e| e.2),
-                &mut s.terms,
-            );
-            Self::unreceived_nets(
-                &s.ward.ledger,
-                from,
-                r.replier_incarnation,
+                &r.entries,
                 &r.pending,
                 &mut s.terms,
             );
@@ -381,25 +375,11 @@ impl Node {
         if let Some(rec) = rec.filter(|_| !folded) {
             // Our side as a neighbour's answer gives it (`answer_settle`): an older
             // incarnation's as its estate counts it.
-            let (entries, pending): (KeyTriples, KeyTriples) = if rec.by_inc == self.inc {
-                (
-                    rec.counters.iter().map(|(&k, &(f, s))| (k, f, s)).collect(),
-                    rec.pending.iter().map(|&(k, s, n, _)| (k, s, n)).collect(),
-                )
-            } else {
-                self.old_side(rec)
-            };
+            let (entries, pending) = self.side(rec);
             for &(k, f, s) in &entries {
                 terms.insert(k, i128::from(f) - i128::from(s));
             }
-            Self::unfolded_nets(
-                &ward.ledger,
-                me,
-                by,
-                |k| entries.iter().find(|e| e.0 == k).map(|e| e.2),
-                &mut terms,
-            );
-            Self::unreceived_nets(&ward.ledger, me, by, &pending, &mut terms);
+            Self::fold_terms(&ward.ledger, me, by, &entries, &pending, &mut terms);
         }
         let mut waiting: BTreeSet<NodeId> = ward
             .ledger
@@ -479,41 +459,30 @@ impl Node {
         }
     }
 
-    /// The dead node's pending folds with `peer`'s incarnation `inc` that the peer had not
-    /// made when it froze the link: their nets go back into the estate (`seen_of` gives the
-    /// peer's final `seen` from the dead node per key). The peer's `seen` is still the
-    /// fold's `seen` exactly when it had not folded (see [`wire::PendingFold`]); a key the
-    /// peer has no counters for, it folded (or never held: nothing to add).
-    pub(super) fn unfolded_nets(
+    /// What folds under way between a dead node and `peer`'s incarnation `inc` add to the
+    /// dead node's estate, given the peer's answer (`entries` `(key, F, S)`, `pending` its
+    /// pending folds `(key, seen, net)`; see [`wire::PendingFold`]):
+    /// * the dead node's own pending folds that the peer had not made when it froze the link
+    ///   (its `seen` is still the fold's: after folding it starts again from zero; a key the
+    ///   peer has no counters for, it folded or never held): the net goes back;
+    /// * the peer's pending folds that the dead node's ledger does not list as received (it
+    ///   had not folded them, or its heir holds a ledger from before it did, so its base
+    ///   lacks their nets and its counters, lost with it, carry them nowhere else): the net
+    ///   goes in.
+    pub(super) fn fold_terms(
         ledger: &Ledger,
         peer: NodeId,
         inc: u64,
-        seen_of: impl Fn(Key) -> Option<u64>,
-        terms: &mut BTreeMap<Key, i128>,
-    ) {
-        for f in &ledger.pending_folds {
-            if f.peer == peer
-                && f.peer_incarnation == inc
-                && f.seen > 0
-                && seen_of(f.key) == Some(f.seen)
-            {
-                *terms.entry(f.key).or_insert(0) += i128::from(f.net);
-            }
-        }
-    }
-
-    /// The replier's pending folds with the dead node (`pending`, from the replier's
-    /// incarnation `inc`) that the dead node's ledger does not list as received: it had not
-    /// folded them, or its heir holds a ledger from before it did, so its base lacks their
-    /// nets and its counters (lost with it, or frozen on the replier's side at zero) carry
-    /// them nowhere else: they go into the estate.
-    pub(super) fn unreceived_nets(
-        ledger: &Ledger,
-        peer: NodeId,
-        inc: u64,
+        entries: &[(Key, u64, u64)],
         pending: &[(Key, u64, u64)],
         terms: &mut BTreeMap<Key, i128>,
     ) {
+        for f in &ledger.pending_folds {
+            let seen = entries.iter().find(|e| e.0 == f.key).map(|e| e.2);
+            if f.peer == peer && f.peer_incarnation == inc && f.seen > 0 && seen == Some(f.seen) {
+                *terms.entry(f.key).or_insert(0) += i128::from(f.net);
+            }
+        }
         for &(k, seen, net) in pending {
             if !ledger.received_folds.contains(&(peer, inc, k, seen)) {
                 *terms.entry(k).or_insert(0) += i128::from(net);
