@@ -847,6 +847,22 @@ struct Settlement {
     /// Late folds received for a `Relinked` peer `(peer, peer incarnation)`, held until the
     /// other one arrives.
     relinked: BTreeMap<(NodeId, u64), Side>,
+    /// For an estate handed over as inherited after a ledger (rule 10): the incarnation
+    /// whose ledger lacked it. It finishes only after that incarnation's settlement, and
+    /// pays its debt first.
+    origin: Option<(NodeId, u64)>,
+    /// What late folds added to `terms`, per key: the ward's own sides of links its ledger
+    /// now lists as folded. A ledger handed on (rules 9 and 10) holds them in its bases,
+    /// as if the ward had folded those links itself (see `Node::handed_ledger`).
+    late: BTreeMap<Key, i128>,
+}
+
+/// A ward handover we offer (see [`wire::Handover`]).
+#[derive(Debug, Clone)]
+struct Handed {
+    ledger: Ledger,
+    kind: wire::HandoverKind,
+    leaving: bool,
 }
 
 /// One side of a link, per key `(key, given, seen)` (as in a [`LateFold`]).
@@ -927,7 +943,16 @@ pub struct Node {
     /// Ward handovers `(our dead incarnation, ward, ward incarnation)` offered to the heir
     /// that settled that incarnation, with the ward's ledger, until acknowledged (see
     /// `Node::drop_settlements`).
-    handovers: BTreeMap<(u64, NodeId, u64), Ledger>,
+    handovers: BTreeMap<(u64, NodeId, u64), Handed>,
+    /// Estates we inherited, `(ward, incarnation)` → the ward and our ledger version that
+    /// first held the estate, until our heir holds that version: if we are declared dead
+    /// with an older ledger, the estate is in no estate of ours and is handed to the heir
+    /// that settled us (rule 10, [`wire::HandoverKind::Inherited`]).
+    inherited: BTreeMap<(NodeId, u64), (Ward, u64)>,
+    /// Per settled incarnation, what its estate lacked per key (the negative part clamped
+    /// to zero when it was counted): an estate handed over as inherited after its ledger
+    /// pays this first (rule 10).
+    debts: BTreeMap<(NodeId, u64), BTreeMap<Key, i128>>,
     /// Ledgers of wards `(ward, ward incarnation)` our dead incarnation held and did not know
     /// dead, with that incarnation: handed over (`handovers`) once we learn the ward's
     /// incarnation is dead (we hear a later one), dropped if we adopt it ourselves.
@@ -1066,6 +1091,8 @@ impl Node {
             late_folds: BTreeMap::new(),
             late_taken: BTreeSet::new(),
             handovers: BTreeMap::new(),
+            inherited: BTreeMap::new(),
+            debts: BTreeMap::new(),
             ward_candidates: BTreeMap::new(),
             adopted: BTreeSet::new(),
             dead_floor: BTreeMap::new(),
@@ -1636,6 +1663,8 @@ impl Node {
             }
             if msg.ledger_ack > self.ledger_acked {
                 self.ledger_acked = msg.ledger_ack;
+                let acked = self.ledger_acked;
+                self.inherited.retain(|_, (_, v)| *v > acked);
                 for (asker, dead, inc) in std::mem::take(&mut self.held) {
                     self.answer_settle(asker, dead, inc);
                     if self

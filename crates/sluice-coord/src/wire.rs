@@ -13,8 +13,10 @@ pub type Key = u64;
 /// versions, `in_estate`. 4: late folds and their acknowledgements. 5: ward handovers and
 /// their acknowledgements (header flag bit 5; absent, they cost nothing). 6: the census of a
 /// restarted cluster (header flag bit 6, idem). 7: the census claims a level (hops known
-/// pristine) instead of a view digest, so it works on any connected graph.
-const VERSION: u8 = 8;
+/// pristine) instead of a view digest, so it works on any connected graph. 8: level
+/// requests, unbalanced folds. 9: a ward handover says what it hands over
+/// ([`HandoverKind`]) and whether the ward was leaving.
+const VERSION: u8 = 9;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -195,11 +197,11 @@ pub struct LateAck {
 }
 
 /// From a reincarnated node to the heir that settled its dead incarnation: "that
-/// incarnation was settling its ward `ward`'s incarnation `ward_incarnation`, which is dead
-/// (a later one exists), and the settlement is not in the ledger you settled it with; here
-/// is the ward's ledger" (a *ward handover*, see [`crate::node`], "Settlements across a
-/// multi-node cut", rule 9). Nobody else holds that ledger: without it the ward's estate is
-/// lost. Offered until acknowledged.
+/// incarnation was settling its ward `ward`'s incarnation `ward_incarnation`, which is dead,
+/// and the ledger you settled it with holds neither the settlement's estate nor the ward;
+/// here is the ward's ledger" (a *ward handover*, see [`crate::node`], "Settlements across a
+/// multi-node cut", rules 9 and 10). Nobody else holds that ledger: without it the ward's
+/// estate is lost. Offered until acknowledged.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Handover {
     /// The sender's dead incarnation.
@@ -210,6 +212,24 @@ pub struct Handover {
     pub ward_incarnation: u64,
     /// The ward's latest ledger the sender's dead incarnation held.
     pub ledger: Ledger,
+    /// What the sender's dead incarnation had done with the settlement.
+    pub kind: HandoverKind,
+    /// The ward was leaving (its estate includes its reservation).
+    pub leaving: bool,
+}
+
+/// What a [`Handover`] hands over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HandoverKind {
+    /// A settlement the sender's dead incarnation had not finished: nothing of the estate
+    /// is in its bases.
+    #[default]
+    Unfinished,
+    /// A settlement it finished after the ledger version its heir settled it with: the
+    /// estate went into its bases after that ledger, and what it gave away since may have
+    /// come from it. The receiving heir counts this estate only once its own settlement of
+    /// the sender's incarnation is in, less what that estate lacks (rule 10).
+    Inherited,
 }
 
 /// A heir's answer to a [`Handover`]: the ward's settlement is its business now, or was
@@ -524,6 +544,11 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             put(out, u64::from(h.ward));
             put(out, h.ward_incarnation);
             put_ledger(out, &h.ledger);
+            let kind = match h.kind {
+                HandoverKind::Unfinished => 0u8,
+                HandoverKind::Inherited => 1,
+            };
+            out.push(kind | (u8::from(h.leaving) << 1));
         }
         put(out, m.handover_acks.len() as u64);
         for a in &m.handover_acks {
@@ -755,18 +780,29 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let mut handovers = Vec::new();
     let mut handover_acks = Vec::new();
     if flags & 32 != 0 {
-        let n = r.count(6)?;
+        let n = r.count(7)?;
         handovers.reserve(n);
         for _ in 0..n {
             let incarnation = r.var()?;
             let ward = r.id()?;
             let ward_incarnation = r.var()?;
             let ledger = read_ledger(&mut r)?;
+            let at = r.at;
+            let flags = r.byte()?;
+            let kind = match flags & 1 {
+                0 => HandoverKind::Unfinished,
+                _ => HandoverKind::Inherited,
+            };
+            if flags & !3 != 0 {
+                return Err(WireError::Tag { tag: flags, at });
+            }
             handovers.push(Handover {
                 incarnation,
                 ward,
                 ward_incarnation,
                 ledger,
+                kind,
+                leaving: flags & 2 != 0,
             });
         }
         let n = r.count(3)?;
@@ -1087,6 +1123,8 @@ mod tests {
                     neighbours: vec![(2, 1)],
                     ..Ledger::default()
                 },
+                kind: HandoverKind::Inherited,
+                leaving: true,
             }],
             handover_acks: vec![HandoverAck {
                 incarnation: 1,

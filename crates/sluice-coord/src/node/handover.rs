@@ -8,7 +8,7 @@ impl Node {
     pub(super) fn handovers_to(
         &self,
         to: NodeId,
-    ) -> impl Iterator<Item = (&(u64, NodeId, u64), &Ledger)> {
+    ) -> impl Iterator<Item = (&(u64, NodeId, u64), &Handed)> {
         self.handovers
             .iter()
             .filter(move |(k, _)| self.estate_heirs.get(&k.0) == Some(&to))
@@ -41,9 +41,10 @@ impl Node {
                 inc: wi,
                 last_recv: now,
                 ledger: h.ledger.clone(),
-                leaving: false,
+                leaving: h.leaving,
             };
-            self.settle(w, ward);
+            let origin = (h.kind == wire::HandoverKind::Inherited).then_some((from, h.incarnation));
+            self.settle(w, ward, origin);
         }
         let ack = HandoverAck {
             incarnation: h.incarnation,
@@ -75,7 +76,12 @@ impl Node {
             .collect();
         for k in dead {
             if let Some((old, ledger)) = self.ward_candidates.remove(&k) {
-                self.handovers.insert((old, k.0, k.1), ledger);
+                let handed = Handed {
+                    ledger,
+                    kind: wire::HandoverKind::Unfinished,
+                    leaving: false,
+                };
+                self.handovers.insert((old, k.0, k.1), handed);
                 let floor = self.dead_floor.entry(k.0).or_insert(0);
                 *floor = (*floor).max(k.1);
             }

@@ -160,7 +160,9 @@ impl Node {
                 // The ward's own side, as if its ledger had folded the link: the peer's
                 // answer is ignored from now on (it counts in the peer's estate instead).
                 for &(k, given, seen) in &f.entries {
-                    *s.terms.entry(k).or_insert(0) += i128::from(seen) - i128::from(given);
+                    let v = i128::from(seen) - i128::from(given);
+                    *s.terms.entry(k).or_insert(0) += v;
+                    *s.late.entry(k).or_insert(0) += v;
                 }
                 s.ward.ledger.folded.push(link);
                 s.waiting.remove(&f.peer);
@@ -228,7 +230,9 @@ impl Node {
             return None;
         };
         for &(k, given, seen) in a.iter().chain(b) {
-            *s.terms.entry(k).or_insert(0) += i128::from(seen) - i128::from(given);
+            let v = i128::from(seen) - i128::from(given);
+            *s.terms.entry(k).or_insert(0) += v;
+            *s.late.entry(k).or_insert(0) += v;
         }
         s.ward.ledger.folded.push((f.peer, named));
         s.ward.ledger.folded.push((f.peer, later));

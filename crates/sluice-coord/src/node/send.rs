@@ -203,14 +203,14 @@ impl Node {
         if !self.handovers.is_empty() {
             message.handovers = self
                 .handovers_to(to)
-                .map(
-                    |(&(incarnation, ward, ward_incarnation), ledger)| Handover {
-                        incarnation,
-                        ward,
-                        ward_incarnation,
-                        ledger: ledger.clone(),
-                    },
-                )
+                .map(|(&(incarnation, ward, ward_incarnation), h)| Handover {
+                    incarnation,
+                    ward,
+                    ward_incarnation,
+                    ledger: h.ledger.clone(),
+                    kind: h.kind,
+                    leaving: h.leaving,
+                })
                 .collect();
         }
         let cap = self.cfg.max_message_bytes;

@@ -313,12 +313,14 @@ impl Node {
         let Some(ward) = self.wards.remove(&n) else {
             return;
         };
-        self.settle(n, ward);
+        self.settle(n, ward, None);
     }
 
     /// Declares `ward`, an incarnation of node `n` no longer in our wards, dead and asks its
     /// neighbours for their counters.
-    pub(super) fn settle(&mut self, n: NodeId, ward: Ward) {
+    /// Settles the dead incarnation `ward.inc` of `n`; `origin` names the incarnation whose
+    /// ledger lacked this estate when it is handed over as inherited after it (rule 10).
+    pub(super) fn settle(&mut self, n: NodeId, ward: Ward, origin: Option<(NodeId, u64)>) {
         let inc = ward.inc;
         // Our own side of the link with it is forgotten (`Config::forget_after`): the estate
         // cannot be counted exactly, so it is not counted (lost, never counted twice).
@@ -448,6 +450,8 @@ impl Node {
                 terms,
                 floor_before,
                 relinked: BTreeMap::new(),
+                origin,
+                late: BTreeMap::new(),
             },
         );
         if self
@@ -457,6 +461,38 @@ impl Node {
         {
             self.finish_settle(n, inc);
         }
+    }
+
+    /// The ledger of a settlement's ward as whoever settles it next must read it: the
+    /// links whose late folds we took are listed as folded, so their sides go into the
+    /// bases, as if the ward had folded them itself. Handing on the ledger with the links
+    /// marked folded but without their sides lost them (or, for a side that gave more than
+    /// it received, counted capacity twice): a rule-10 handover in a complete graph of 5 at
+    /// 49 % loss counted 788 units fewer than the first settlement.
+    pub(super) fn handed_ledger(&self, s: &Settlement) -> Ledger {
+        let mut ledger = s.ward.ledger.clone();
+        if s.late.is_empty() {
+            return ledger;
+        }
+        let default: u64 = ledger.holdings.iter().map(|&h| self.cfg.part(h)).sum();
+        let mut bases: BTreeMap<Key, i128> = ledger
+            .bases
+            .iter()
+            .map(|&(k, b)| (k, i128::from(b)))
+            .collect();
+        for (&k, &v) in &s.late {
+            *bases.entry(k).or_insert_with(|| i128::from(default)) += v;
+        }
+        ledger.bases = bases
+            .into_iter()
+            .map(|(k, b)| {
+                (
+                    k,
+                    i64::try_from(b).unwrap_or(if b < 0 { i64::MIN } else { i64::MAX }),
+                )
+            })
+            .collect();
+        ledger
     }
 
     /// What folds under way between a dead node and `peer`'s incarnation `inc` add to the
@@ -491,10 +527,22 @@ impl Node {
     }
 
     /// All counters are in: inherit the estate (seed 003 §IV `C_b ← C_b + C_i`, exactly).
+    ///
+    /// Rule 10: an estate handed over as inherited after its origin's ledger waits for the
+    /// origin's own settlement, then pays what that estate lacked (its `debts`) first. The
+    /// origin may have given away capacity that came from this estate; its counted estate
+    /// was then negative and clamped to zero, and counting this one whole would count those
+    /// gifts twice (once in the neighbours' shares, once here).
     pub(super) fn finish_settle(&mut self, n: NodeId, inc: u64) {
         let Some(s) = self.settling.remove(&(n, inc)) else {
             return;
         };
+        if let Some(o) = s.origin
+            && self.settling.contains_key(&o)
+        {
+            self.settling.insert((n, inc), s);
+            return;
+        }
         let reserve = if s.ward.leaving {
             0
         } else {
@@ -511,17 +559,37 @@ impl Node {
         let mut touched: BTreeSet<Key> = self.keys.keys().copied().collect();
         touched.extend(bases.keys().copied());
         touched.extend(s.terms.keys().copied());
+        let mut owed = s.origin.and_then(|o| self.debts.remove(&o));
+        let mut lacked = BTreeMap::new();
+        if let Some(d) = &owed {
+            touched.extend(d.keys().copied());
+        }
         for k in touched {
             let base = bases
                 .get(&k)
                 .map_or(i128::from(ward_default), |&b| i128::from(b));
             let term = s.terms.get(&k).copied().unwrap_or(0);
-            let estate = (base - i128::from(reserve) + term).max(0);
+            let debt = owed.as_mut().and_then(|d| d.remove(&k)).unwrap_or(0);
+            let raw = base - i128::from(reserve) + term + debt;
+            if raw < 0 {
+                lacked.insert(k, raw);
+            }
+            let estate = raw.max(0);
             let ks = self.key_mut(k);
             ks.base = i64::try_from(i128::from(ks.base) + estate).unwrap_or(i64::MAX);
         }
+        // What is still owed stays with the origin (a later handover pays it); what this
+        // estate lacked is its own debt.
+        if let Some(o) = s.origin {
+            let rest: BTreeMap<Key, i128> = lacked.iter().map(|(&k, &v)| (k, v)).collect();
+            if !rest.is_empty() {
+                self.debts.insert(o, rest);
+            }
+        } else if !lacked.is_empty() {
+            self.debts.insert((n, inc), lacked);
+        }
         // Keys nobody has state for: take over the dead node's initial shares.
-        for h in s.ward.ledger.holdings {
+        for &h in &s.ward.ledger.holdings {
             let h = match (h.part, s.ward.leaving) {
                 (_, true) => Some(h),
                 (Part::Full, false) if h.node == n => Some(Holding {
@@ -539,5 +607,24 @@ impl Node {
         self.ledger_version += 1;
         let e = self.settled.entry(n).or_insert(0);
         *e = (*e).max(inc);
+        // Until our heir holds this version, a settlement of us would not count it (rule 10).
+        // An estate that paid an origin's debt is not handed on: its debt would not go with it.
+        if s.origin.is_none() {
+            let ward = Ward {
+                ledger: self.handed_ledger(&s),
+                ..s.ward
+            };
+            self.inherited.insert((n, inc), (ward, self.ledger_version));
+        }
+        // Estates handed over as inherited after this one's ledger waited for it.
+        let after: Vec<(NodeId, u64)> = self
+            .settling
+            .iter()
+            .filter(|(_, d)| d.origin == Some((n, inc)) && d.waiting.is_empty())
+            .map(|(&k, _)| k)
+            .collect();
+        for (w, wi) in after {
+            self.finish_settle(w, wi);
+        }
     }
 }
