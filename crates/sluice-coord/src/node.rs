@@ -857,6 +857,21 @@ struct Settlement {
     late: BTreeMap<Key, i128>,
 }
 
+/// An estate we inherited, kept until our heir holds it (see `Node::inherited`).
+#[derive(Debug, Clone)]
+struct Inheritance {
+    /// The ward, with its ledger as whoever settles it next must read it.
+    ward: Ward,
+    /// Our ledger version that recorded the settlement's start.
+    start: u64,
+    /// Our ledger version that first held the estate.
+    finish: u64,
+    /// The ward's dead floor and our `settled` entry for it before the settlement: restored
+    /// if the settlement dies unannounced with us (rule 6).
+    floor_before: u64,
+    settled_before: Option<u64>,
+}
+
 /// A ward handover we offer (see [`wire::Handover`]).
 #[derive(Debug, Clone)]
 struct Handed {
@@ -944,11 +959,10 @@ pub struct Node {
     /// that settled that incarnation, with the ward's ledger, until acknowledged (see
     /// `Node::drop_settlements`).
     handovers: BTreeMap<(u64, NodeId, u64), Handed>,
-    /// Estates we inherited, `(ward, incarnation)` → the ward and our ledger version that
-    /// first held the estate, until our heir holds that version: if we are declared dead
-    /// with an older ledger, the estate is in no estate of ours and is handed to the heir
-    /// that settled us (rule 10, [`wire::HandoverKind::Inherited`]).
-    inherited: BTreeMap<(NodeId, u64), (Ward, u64)>,
+    /// Estates we inherited, by `(ward, incarnation)`, until our heir holds the ledger
+    /// version that first held each: if we are declared dead with an older ledger, the
+    /// estate is in no estate of ours (rule 10, see `Node::drop_settlements`).
+    inherited: BTreeMap<(NodeId, u64), Inheritance>,
     /// Per settled incarnation, what its estate lacked per key (the negative part clamped
     /// to zero when it was counted): an estate handed over as inherited after its ledger
     /// pays this first (rule 10).
@@ -1664,7 +1678,7 @@ impl Node {
             if msg.ledger_ack > self.ledger_acked {
                 self.ledger_acked = msg.ledger_ack;
                 let acked = self.ledger_acked;
-                self.inherited.retain(|_, (_, v)| *v > acked);
+                self.inherited.retain(|_, i| i.finish > acked);
                 for (asker, dead, inc) in std::mem::take(&mut self.held) {
                     self.answer_settle(asker, dead, inc);
                     if self

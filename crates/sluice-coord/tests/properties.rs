@@ -1619,3 +1619,46 @@ fn a_handed_ledger_holds_the_late_folds_taken() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(own <= LIMIT, "Σ own {own}");
 }
+
+/// Found by the counting sweep (`SWEEP_SEED=1`, one-node cuts, within `EXACT_LOSS`): a
+/// random graph of 5 at 27 % loss whose node 2 hangs off node 0 alone. Node 2 is cut off
+/// and settled by node 0; back as a new incarnation, node 0 gives it about 200,000 units.
+/// Then node 0 is cut off: node 2 can reach nobody, node 0 (its lease still valid) settles
+/// it again — at once, with no other neighbour to ask, so before its heir ever holds that
+/// settlement — and node 0's heir, node 1, settles node 0 with the ledger that still lists
+/// node 2 as its ward, and revives node 2 with a succession notice. Node 2 held its capacity
+/// all along, but node 0's new incarnation still took it for dead and ignored its gifts for
+/// ever: Σ = 0.85 L. Now the reincarnated node hears such a ward again (rule 10, as rule 6
+/// for unfinished settlements) and the run ends exact.
+#[test]
+fn a_ward_settled_unannounced_is_heard_again_after_its_settler_dies() {
+    let own = run_scenario(
+        5,
+        Topology::Random,
+        0.26855907412472285,
+        0.04482429658077332,
+        0,
+        false,
+        17708174465973960191,
+        vec![
+            Event::PartitionHeal(2, 24),
+            Event::Run(15),
+            Event::Run(3),
+            Event::Demand(1, 1, 320424.22297924187),
+            Event::Demand(1, 1, 390025.58043616614),
+            Event::Run(6),
+            Event::PartitionHeal(5, 24),
+        ],
+        &[
+            0.7724887322315055,
+            0.6034366870263321,
+            0.9459244110285889,
+            1.2646142873052784,
+            1.1004499677105628,
+            1.471360281246224,
+        ],
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(own, LIMIT, "Σ own {own}");
+}

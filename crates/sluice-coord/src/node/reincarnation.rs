@@ -133,20 +133,39 @@ impl Node {
     /// settles the ward in our place (`Node::take_handover`).
     ///
     /// Rule 10: an estate our dead incarnation inherited after that ledger version is in no
-    /// estate of ours (the ledger lists it neither as a ward nor as settled); it is handed
-    /// to the same heir, which counts it once its settlement of us is in, less what that
-    /// lacked ([`wire::HandoverKind::Inherited`]). Before, it was lost: a complete graph of
-    /// 5 at 46.5 % loss, false suspicions only, ended at 0.8 L.
+    /// estate of ours. If the ledger records the settlement (the ward gone from its wards,
+    /// not yet listed as settled), or the ward is known dead, nobody else can settle it: it
+    /// is handed to the same heir, which counts it once its settlement of us is in, less
+    /// what that lacked ([`wire::HandoverKind::Inherited`]). Before, it was lost: a
+    /// complete graph of 5 at 46.5 % loss, false suspicions only, ended at 0.8 L. If the
+    /// ledger still lists the ward as ours, the settlement died unannounced with us (rule
+    /// 6: a settlement with no neighbour to ask finishes at once, before anyone hears of
+    /// it): our heir revives the ward, which still holds its capacity, so it must be heard
+    /// again — a 5-node graph at 27 % loss whose leaf was settled by its cut-off heir
+    /// ignored the revived leaf's gifts for ever (0.85 L).
     pub(super) fn drop_settlements(&mut self, old: u64, estate: Option<u64>) {
         let heir_known = self.estate_heirs.contains_key(&old);
-        for ((n, inc), (ward, version)) in std::mem::take(&mut self.inherited) {
-            if heir_known && estate.is_some_and(|v| version > v) {
+        for ((n, inc), r) in std::mem::take(&mut self.inherited) {
+            let Some(v) = estate.filter(|&v| heir_known && r.finish > v) else {
+                continue;
+            };
+            if r.start <= v || self.links.get(&n).is_some_and(|l| l.inc > inc) {
                 let handed = Handed {
-                    ledger: ward.ledger,
+                    ledger: r.ward.ledger,
                     kind: wire::HandoverKind::Inherited,
-                    leaving: ward.leaving,
+                    leaving: r.ward.leaving,
                 };
                 self.handovers.insert((old, n, inc), handed);
+            } else {
+                if self.dead_floor.get(&n) == Some(&inc) {
+                    self.dead_floor.insert(n, r.floor_before);
+                }
+                if self.settled.get(&n) == Some(&inc) {
+                    match r.settled_before {
+                        Some(b) => self.settled.insert(n, b),
+                        None => self.settled.remove(&n),
+                    };
+                }
             }
         }
         for ((n, inc), s) in std::mem::take(&mut self.settling) {

@@ -605,6 +605,7 @@ impl Node {
         }
         self.default_base = self.holdings.iter().map(|&h| self.cfg.part(h)).sum();
         self.ledger_version += 1;
+        let settled_before = self.settled.get(&n).copied();
         let e = self.settled.entry(n).or_insert(0);
         *e = (*e).max(inc);
         // Until our heir holds this version, a settlement of us would not count it (rule 10).
@@ -614,7 +615,14 @@ impl Node {
                 ledger: self.handed_ledger(&s),
                 ..s.ward
             };
-            self.inherited.insert((n, inc), (ward, self.ledger_version));
+            let record = Inheritance {
+                ward,
+                start: s.version,
+                finish: self.ledger_version,
+                floor_before: s.floor_before,
+                settled_before,
+            };
+            self.inherited.insert((n, inc), record);
         }
         // Estates handed over as inherited after this one's ledger waited for it.
         let after: Vec<(NodeId, u64)> = self
