@@ -77,7 +77,11 @@
 //!   known dead (it restarted): then its ledger is handed to the heir that settled the
 //!   settler, which settles it in its place ([`crate::wire::Handover`]);
 //! * a ledger lists only its own incarnation's folded links: an earlier incarnation's went
-//!   into that incarnation's estate.
+//!   into that incarnation's estate;
+//! * an estate a heir inherited after the ledger it is settled with goes to its settler
+//!   ([`crate::wire::HandoverKind::Inherited`]), and so do the settlements its ledger lists
+//!   under way ([`crate::wire::Ledger::settling`]): the settler counts them after the heir's
+//!   own estate, less what that lacked (rules 10 and 11).
 //!
 //! # Idle keys (reclamation)
 //!

@@ -15,7 +15,8 @@ pub type Key = u64;
 /// restarted cluster (header flag bit 6, idem). 7: the census claims a level (hops known
 /// pristine) instead of a view digest, so it works on any connected graph. 8: level
 /// requests, unbalanced folds. 9: a ward handover says what it hands over
-/// ([`HandoverKind`]) and whether the ward was leaving.
+/// ([`HandoverKind`]) and whether the ward was leaving; a ledger lists its settlements
+/// under way ([`Ledger::settling`]).
 const VERSION: u8 = 9;
 
 /// A node's lifecycle (membership, issue item 6).
@@ -80,6 +81,30 @@ pub struct Ledger {
     /// sender knows its base has the net, so a [`SettleReply::pending`] of the peer for
     /// that fold adds nothing.
     pub received_folds: Vec<(NodeId, u64, Key, u64)>,
+    /// Settlements the sender has started and not finished, each with the dead ward's
+    /// ledger (as the sender reads it: links whose late folds it took are folded into its
+    /// bases). A heir settling the sender takes them over: the sender's bases do not hold
+    /// their estates yet (settlement rule 11). Only in a ledger sent to the heir; a ledger
+    /// listed here has none of its own (one level).
+    pub settling: Vec<Settling>,
+}
+
+/// A settlement under way, in a [`Ledger`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Settling {
+    /// The dead ward.
+    pub ward: NodeId,
+    /// Its dead incarnation.
+    pub incarnation: u64,
+    /// The ward was leaving (its estate includes its reservation).
+    pub leaving: bool,
+    /// The ward's ledger.
+    pub ledger: Ledger,
+    /// The sender's own answer for its link with the ward, when it is a neighbour of the
+    /// ward: it froze the link when it started, so its side is in its own bases, and whoever
+    /// takes the settlement over counts these counters as any neighbour's answer (nobody
+    /// else can give them once the sender is dead).
+    pub side: Option<SettleReply>,
 }
 
 /// A fold the sender made as a retirement's net giver and the peer may not have made yet: its
@@ -490,20 +515,7 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
     }
     put(out, m.settle_replies.len() as u64);
     for r in &m.settle_replies {
-        put(out, u64::from(r.dead));
-        put(out, r.incarnation);
-        put(out, r.replier_incarnation);
-        let pending = !r.pending.is_empty();
-        out.push(
-            u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1) | (u8::from(pending) << 2),
-        );
-        if let Some(p) = r.prior {
-            put(out, p);
-        }
-        put_triples(out, &r.entries);
-        if pending {
-            put_triples(out, &r.pending);
-        }
+        put_reply(out, r);
     }
     match m.succession {
         None => out.push(0),
@@ -564,7 +576,55 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
 }
 
 /// A ledger, as in a message's header and in a [`Handover`].
+fn put_reply<S: Sink>(out: &mut S, r: &SettleReply) {
+    put(out, u64::from(r.dead));
+    put(out, r.incarnation);
+    put(out, r.replier_incarnation);
+    let pending = !r.pending.is_empty();
+    out.push(u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1) | (u8::from(pending) << 2));
+    if let Some(p) = r.prior {
+        put(out, p);
+    }
+    put_triples(out, &r.entries);
+    if pending {
+        put_triples(out, &r.pending);
+    }
+}
+
+fn read_reply(r: &mut Reader<'_>) -> Result<SettleReply, WireError> {
+    let dead = r.id()?;
+    let incarnation = r.var()?;
+    let replier_incarnation = r.var()?;
+    let at = r.at;
+    let flags = r.byte()?;
+    if flags > 7 {
+        return Err(WireError::Tag { tag: flags, at });
+    }
+    let in_estate = flags & 2 == 2;
+    let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
+    let entries = r.triples()?;
+    let pending = if flags & 4 == 4 {
+        r.triples()?
+    } else {
+        Vec::new()
+    };
+    Ok(SettleReply {
+        dead,
+        incarnation,
+        replier_incarnation,
+        prior,
+        in_estate,
+        entries,
+        pending,
+    })
+}
+
 fn put_ledger<S: Sink>(out: &mut S, l: &Ledger) {
+    put_ledger_at(out, l, false);
+}
+
+/// A ledger; `nested` (one listed in another's `settling`) writes no settlements of its own.
+fn put_ledger_at<S: Sink>(out: &mut S, l: &Ledger, nested: bool) {
     put(out, l.version);
     put(out, l.holdings.len() as u64);
     for h in &l.holdings {
@@ -606,6 +666,20 @@ fn put_ledger<S: Sink>(out: &mut S, l: &Ledger) {
         put(out, inc);
         put(out, k);
         put(out, seen);
+    }
+    if nested {
+        put(out, 0);
+        return;
+    }
+    put(out, l.settling.len() as u64);
+    for st in &l.settling {
+        put(out, u64::from(st.ward));
+        put(out, st.incarnation);
+        out.push(u8::from(st.leaving) | (u8::from(st.side.is_some()) << 1));
+        put_ledger_at(out, &st.ledger, true);
+        if let Some(side) = &st.side {
+            put_reply(out, side);
+        }
     }
 }
 
@@ -701,31 +775,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let n = r.count(5)?;
     let mut settle_replies = Vec::with_capacity(n);
     for _ in 0..n {
-        let dead = r.id()?;
-        let incarnation = r.var()?;
-        let replier_incarnation = r.var()?;
-        let at = r.at;
-        let flags = r.byte()?;
-        if flags > 7 {
-            return Err(WireError::Tag { tag: flags, at });
-        }
-        let in_estate = flags & 2 == 2;
-        let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
-        let entries = r.triples()?;
-        let pending = if flags & 4 == 4 {
-            r.triples()?
-        } else {
-            Vec::new()
-        };
-        settle_replies.push(SettleReply {
-            dead,
-            incarnation,
-            replier_incarnation,
-            prior,
-            in_estate,
-            entries,
-            pending,
-        });
+        settle_replies.push(read_reply(&mut r)?);
     }
     let at = r.at;
     let succession = match r.byte()? {
@@ -862,6 +912,11 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
 
 /// A ledger written by `put_ledger`.
 fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
+    read_ledger_at(r, false)
+}
+
+/// A ledger; `nested` (one listed in another's `settling`) may list no settlements.
+fn read_ledger_at(r: &mut Reader<'_>, nested: bool) -> Result<Ledger, WireError> {
     let version = r.var()?;
     let n = r.count(2)?;
     let mut holdings = Vec::with_capacity(n);
@@ -919,6 +974,35 @@ fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
     for _ in 0..n {
         received_folds.push((r.id()?, r.var()?, r.var()?, r.var()?));
     }
+    let at = r.at;
+    // An entry is at least 13 bytes (a nested ledger at least 10).
+    let n = r.count(13)?;
+    if nested && n > 0 {
+        return Err(WireError::Overflow(at));
+    }
+    let mut settling = Vec::with_capacity(n);
+    for _ in 0..n {
+        let ward = r.id()?;
+        let incarnation = r.var()?;
+        let at = r.at;
+        let flags = r.byte()?;
+        if flags > 3 {
+            return Err(WireError::Tag { tag: flags, at });
+        }
+        let ledger = read_ledger_at(r, true)?;
+        let side = if flags & 2 == 2 {
+            Some(read_reply(r)?)
+        } else {
+            None
+        };
+        settling.push(Settling {
+            ward,
+            incarnation,
+            leaving: flags & 1 == 1,
+            ledger,
+            side,
+        });
+    }
     Ok(Ledger {
         version,
         holdings,
@@ -929,6 +1013,7 @@ fn read_ledger(r: &mut Reader<'_>) -> Result<Ledger, WireError> {
         folded,
         pending_folds,
         received_folds,
+        settling,
     })
 }
 
@@ -1081,6 +1166,26 @@ mod tests {
                     net: 12,
                 }],
                 received_folds: vec![(2, 1, 8, 30)],
+                settling: vec![Settling {
+                    ward: 4,
+                    incarnation: 2,
+                    leaving: false,
+                    ledger: Ledger {
+                        version: 3,
+                        bases: vec![(9, 40)],
+                        neighbours: vec![(1, 3)],
+                        ..Ledger::default()
+                    },
+                    side: Some(SettleReply {
+                        dead: 4,
+                        incarnation: 2,
+                        replier_incarnation: 1,
+                        prior: Some(0),
+                        in_estate: true,
+                        entries: vec![(9, 5, 2)],
+                        pending: vec![(9, 3, 1)],
+                    }),
+                }],
             }),
             keys: (1..=keys)
                 .map(|k| entry(k, (k % 2) as f32 * 40.0))

@@ -25,6 +25,7 @@ impl Node {
             let l = &ward.ledger;
             let res = i64::try_from(self.cfg.reservation(w)).unwrap_or(i64::MAX);
             l.settled.is_empty()
+                && l.settling.is_empty()
                 && l.holdings
                     .iter()
                     .all(|h| h.node == w && h.part == Part::ReserveOnly)

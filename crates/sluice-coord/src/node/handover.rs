@@ -30,12 +30,7 @@ impl Node {
     pub(super) fn take_handover(&mut self, now: Nanos, from: NodeId, h: &Handover) {
         let (w, wi) = (h.ward, h.ward_incarnation);
         let ours = self.settled_with.contains_key(&(from, h.incarnation));
-        let known = w == self.cfg.id
-            || self.adopted.contains(&(w, wi))
-            || self.wards.get(&w).is_some_and(|x| x.inc == wi)
-            || self.settling.contains_key(&(w, wi))
-            || self.settled_with.contains_key(&(w, wi))
-            || self.settled.get(&w).is_some_and(|&s| s >= wi);
+        let known = self.knows_ward(w, wi);
         if ours && !known && self.lifecycle != Lifecycle::Leaving {
             let ward = Ward {
                 inc: wi,
@@ -56,6 +51,17 @@ impl Node {
         if !acks.contains(&ack) {
             acks.push(ack);
         }
+    }
+
+    /// Whether an incarnation of ours ever held a record of ward `w`'s incarnation `wi` (or
+    /// it is us): a handed-over ledger of it is then declined (see `take_handover`).
+    pub(super) fn knows_ward(&self, w: NodeId, wi: u64) -> bool {
+        w == self.cfg.id
+            || self.adopted.contains(&(w, wi))
+            || self.wards.get(&w).is_some_and(|x| x.inc == wi)
+            || self.settling.contains_key(&(w, wi))
+            || self.settled_with.contains_key(&(w, wi))
+            || self.settled.get(&w).is_some_and(|&s| s >= wi)
     }
 
     /// `n`'s incarnation `inc` is alive: every earlier one is dead for certain. The ledgers

@@ -39,6 +39,30 @@ impl Node {
                 .iter()
                 .map(|(&(p, k, seen), r)| (p, r.inc, k, seen))
                 .collect(),
+            // Rule 11: whoever settles us takes these over. Not those that pay an origin's
+            // debt (rule 10): their debt would not go with them.
+            settling: self
+                .settling
+                .iter()
+                .filter(|(_, s)| s.origin.is_none())
+                .map(|(&(ward, incarnation), s)| {
+                    let mut ledger = self.handed_ledger(s);
+                    ledger.settling.clear();
+                    let me = self.cfg.id;
+                    let side = ledger
+                        .neighbours
+                        .iter()
+                        .any(|l| l.0 == me)
+                        .then(|| self.own_answer(ward, incarnation));
+                    wire::Settling {
+                        ward,
+                        incarnation,
+                        leaving: s.ward.leaving,
+                        ledger,
+                        side,
+                    }
+                })
+                .collect(),
         }
     }
 

@@ -454,12 +454,60 @@ impl Node {
                 late: BTreeMap::new(),
             },
         );
+        // Rule 11: the settlements the ward had under way when its ledger was sent are ours
+        // now: its bases do not hold their estates. Each waits for this one and pays what
+        // its estate lacks first (its ward may have given away capacity from one it
+        // finished after that ledger), exactly as a handed-over inheritance (rule 10).
+        let nested: Vec<wire::Settling> = self
+            .settling
+            .get(&(n, inc))
+            .map(|s| s.ward.ledger.settling.clone())
+            .unwrap_or_default();
         if self
             .settling
             .get(&(n, inc))
             .is_some_and(|s| s.waiting.is_empty())
         {
             self.finish_settle(n, inc);
+        }
+        if origin.is_none() && self.lifecycle != Lifecycle::Leaving {
+            for st in nested {
+                if self.knows_ward(st.ward, st.incarnation) {
+                    continue;
+                }
+                let ward = Ward {
+                    inc: st.incarnation,
+                    last_recv: self.last_tick,
+                    ledger: st.ledger,
+                    leaving: st.leaving,
+                };
+                self.settle(st.ward, ward, Some((n, inc)));
+                // The dead settler's own answer for its link with the ward.
+                if let Some(side) = st
+                    .side
+                    .filter(|r| r.dead == st.ward && r.incarnation == st.incarnation)
+                {
+                    self.take_reply(n, &side);
+                }
+            }
+        }
+    }
+
+    /// Our answer for our own link with `n`'s dead incarnation `inc`, as a settlement we run
+    /// counts it (see `settle`): whoever takes the settlement over from our ledger (rule 11)
+    /// counts it as a neighbour's answer, since nobody can give it once we are dead.
+    pub(super) fn own_answer(&self, n: NodeId, inc: u64) -> SettleReply {
+        let rec = self.frozen.get(&(n, inc));
+        let by = rec.map_or(self.inc, |r| r.by_inc);
+        let (entries, pending) = rec.map(|r| self.side(r)).unwrap_or_default();
+        SettleReply {
+            dead: n,
+            incarnation: inc,
+            replier_incarnation: by,
+            prior: self.priors.get(&by).copied(),
+            in_estate: rec.is_none_or(|r| r.by_inc == self.inc || self.in_old_estate(r, n, inc)),
+            entries,
+            pending,
         }
     }
 
