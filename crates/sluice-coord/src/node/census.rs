@@ -24,8 +24,10 @@ impl Node {
         let wards_bare = self.wards.iter().all(|(&w, ward)| {
             let l = &ward.ledger;
             let res = i64::try_from(self.cfg.reservation(w)).unwrap_or(i64::MAX);
-            l.settled.is_empty()
-                && l.settling.is_empty()
+            // Its `settled` list names incarnations whose estates went into some incarnation
+            // of the ward (kept across reincarnations, so they are never settled twice): what
+            // this one holds is in its holdings and bases alone.
+            l.settling.is_empty()
                 && l.holdings
                     .iter()
                     .all(|h| h.node == w && h.part == Part::ReserveOnly)
@@ -37,7 +39,10 @@ impl Node {
             && self.successions.is_empty()
             && self.handovers.is_empty()
             && self.ward_candidates.is_empty()
-            && self.late_folds.is_empty()
+            && self
+                .late_folds
+                .values()
+                .all(|&st| st != LateFoldState::Offered)
             && self.held.is_empty()
     }
 
