@@ -1734,3 +1734,40 @@ fn a_settlement_outlives_its_crashed_settler() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(own, LIMIT, "Σ own {own}");
 }
+
+/// Found by the counting sweep of overlapping failures (`SWEEP_SEED=7`): a 3-ring at 8 %
+/// loss, node 1 cut off while node 0 crashed, then node 0 cut off while node 2 crashed.
+/// Every node came back holding only its reservation (0 here), so the census should have
+/// given the shares back — but each heir held a ward ledger listing incarnations the ward had
+/// settled in an earlier life, and a node kept late folds already refused: nobody was
+/// pristine, and the cluster enforced nothing for ever (Σ = 0). Now neither counts (what a
+/// ward holds is in its holdings and bases; a refused or accepted late fold is final), and
+/// the census takes the limit back.
+#[test]
+fn a_cluster_that_lost_everything_takes_it_back() {
+    let own = run_scenario(
+        3,
+        Topology::Ring,
+        0.082_465_169_455_719_1,
+        0.196_349_132_331_544_52,
+        1,
+        false,
+        17_011_525_741_377_437_498,
+        vec![
+            Event::CutThenCrash(1, 0, 19, 19),
+            Event::CutThenCrash(3, 2, 9, 22),
+            Event::Run(7),
+        ],
+        &[
+            1.004_844_035_979_254_5,
+            1.452_518_904_130_059_2,
+            1.213_864_451_167_304_7,
+            1.165_527_479_055_523,
+            0.921_565_827_991_556_8,
+            1.218_416_927_966_604_6,
+        ],
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(own, LIMIT, "Σ own {own}");
+}
