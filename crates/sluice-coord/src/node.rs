@@ -885,7 +885,7 @@ struct Handed {
 }
 
 /// One side of a link, per key `(key, given, seen)` (as in a [`LateFold`]).
-type Side = Vec<(Key, u64, u64)>;
+type Side = KeyTriples;
 
 /// Why a neighbour's answer for its link with a ward could not be counted (see
 /// `Node::take_late_fold`).

@@ -317,9 +317,9 @@ impl Node {
     }
 
     /// Declares `ward`, an incarnation of node `n` no longer in our wards, dead and asks its
-    /// neighbours for their counters.
-    /// Settles the dead incarnation `ward.inc` of `n`; `origin` names the incarnation whose
-    /// ledger lacked this estate when it is handed over as inherited after it (rule 10).
+    /// neighbours for their counters. `origin` names the incarnation whose ledger lacked this
+    /// estate, for one handed over as inherited after it or taken over from a dead settler's
+    /// ledger (rules 10 and 11).
     pub(super) fn settle(&mut self, n: NodeId, ward: Ward, origin: Option<(NodeId, u64)>) {
         let inc = ward.inc;
         // Our own side of the link with it is forgotten (`Config::forget_after`): the estate
@@ -362,7 +362,11 @@ impl Node {
             .find(|l| l.0 == me)
             .map_or(0, |l| l.1);
         let rec = self.frozen.get(&(n, inc));
-        let by = rec.map_or(self.inc, |r| r.by_inc);
+        // Our side as a neighbour's answer gives it (`answer_settle`): an older
+        // incarnation's as its estate counts it. The same answer goes with our ledger for
+        // whoever takes this settlement over (rule 11).
+        let mine = self.own_answer(n, inc);
+        let by = mine.replier_incarnation;
         let folded = ward.ledger.folded.contains(&(me, by));
         let covers = if live != 0 {
             live == by
@@ -373,15 +377,19 @@ impl Node {
                 None => false,
             }
         };
-        let in_estate = rec.is_none_or(|r| r.by_inc == self.inc || self.in_old_estate(r, n, inc));
-        if let Some(rec) = rec.filter(|_| !folded) {
-            // Our side as a neighbour's answer gives it (`answer_settle`): an older
-            // incarnation's as its estate counts it.
-            let (entries, pending) = self.side(rec);
-            for &(k, f, s) in &entries {
+        let in_estate = mine.in_estate;
+        if rec.is_some() && !folded {
+            for &(k, f, s) in &mine.entries {
                 terms.insert(k, i128::from(f) - i128::from(s));
             }
-            Self::fold_terms(&ward.ledger, me, by, &entries, &pending, &mut terms);
+            Self::fold_terms(
+                &ward.ledger,
+                me,
+                by,
+                &mine.entries,
+                &mine.pending,
+                &mut terms,
+            );
         }
         let mut waiting: BTreeSet<NodeId> = ward
             .ledger
@@ -626,15 +634,10 @@ impl Node {
             let ks = self.key_mut(k);
             ks.base = i64::try_from(i128::from(ks.base) + estate).unwrap_or(i64::MAX);
         }
-        // What is still owed stays with the origin (a later handover pays it); what this
-        // estate lacked is its own debt.
-        if let Some(o) = s.origin {
-            let rest: BTreeMap<Key, i128> = lacked.iter().map(|(&k, &v)| (k, v)).collect();
-            if !rest.is_empty() {
-                self.debts.insert(o, rest);
-            }
-        } else if !lacked.is_empty() {
-            self.debts.insert((n, inc), lacked);
+        // What this estate lacked (after paying the origin's debt) is owed by the origin, if
+        // any (a later handover of it pays it), or is this estate's own debt.
+        if !lacked.is_empty() {
+            self.debts.insert(s.origin.unwrap_or((n, inc)), lacked);
         }
         // Keys nobody has state for: take over the dead node's initial shares.
         for &h in &s.ward.ledger.holdings {
