@@ -851,6 +851,10 @@ struct Settlement {
     /// Late folds received for a `Relinked` peer `(peer, peer incarnation)`, held until the
     /// other one arrives.
     relinked: BTreeMap<(NodeId, u64), Side>,
+    /// `Relinked` peers whose later incarnation's answer vouched for its link with the ward
+    /// (`in_estate`): that link's entry in `relinked` is the mirror of the answer, and the
+    /// ward's own side of it is refused (see `Node::take_relinked`).
+    mirrored: BTreeSet<NodeId>,
     /// For an estate handed over as inherited after a ledger (rule 10): the incarnation
     /// whose ledger lacked it. It finishes only after that incarnation's settlement, and
     /// pays its debt first.
@@ -1572,6 +1576,7 @@ impl Node {
             self.reincarnate(now, msg.dead_verdict, msg.verdict_version, Some(from));
             return;
         }
+        self.late_verdict(from, &msg);
         // The same verdict from our dead heir's successor (it read it in the dead heir's
         // ledger): the succession it comes with must not revive a settled incarnation.
         if msg.succession.is_some_and(|(h, _)| Some(h) == self.heir) && msg.dead_verdict >= self.inc
@@ -1665,6 +1670,21 @@ impl Node {
             if listed != usable_now || now < c.at {
                 self.usable_cache = None;
             }
+        }
+        // An older incarnation of the sender we settle, and still wait on: tell its successor
+        // who holds that estate (it may have come back without hearing it, see
+        // `Node::late_verdict`), so it offers us that incarnation's late folds.
+        let waited = self
+            .settling
+            .iter()
+            .filter(|&(&(n, i), s)| {
+                n == from && i < msg.from_inc && !s.waiting.is_empty() && self.announced(s.version)
+            })
+            .map(|(&(_, i), _)| i)
+            .max();
+        if let Some(d) = waited {
+            let link = self.link_entry(from, now, false);
+            link.verdict = link.verdict.max(d);
         }
         let is_heir = Some(from) == self.heir;
         if is_heir && msg.dead_verdict >= self.inc {

@@ -1776,3 +1776,91 @@ fn a_cluster_that_lost_everything_takes_it_back() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(own, LIMIT, "Σ own {own}");
 }
+
+/// Found by the counting sweep (`SWEEP_SEED=7`): a 5-ring at 43 % loss, node 3 cut off for 10
+/// cycles. False suspicions made node 4 settle node 3 and node 2's second incarnation,
+/// whose link crossed the cut; node 2 had come back on its own (orphaned, rule 7) before
+/// node 4's verdict on that incarnation could reach it, so it never learnt who held the
+/// estate and offered it no late fold (rule 5). Both estates waited for ever: 0.67 L. A
+/// settler that still waits now tells the later incarnation which of its incarnations it
+/// settles, and that one offers its late folds.
+#[test]
+fn a_late_verdict_on_an_orphaned_incarnation_lets_its_late_folds_go() {
+    let own = run_scenario(
+        5,
+        Topology::Ring,
+        0.429_822_122_291_480_6,
+        0.068_064_049_854_400_33,
+        1,
+        true,
+        2_997_599_983_003_688_139,
+        vec![
+            Event::Run(10),
+            Event::Run(19),
+            Event::PartitionHeal(3, 10),
+            Event::Run(17),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}
+
+/// Found by the counting sweep (`SWEEP_SEED=8`): a complete graph of 4 at 46 % loss, node 3
+/// crashed for 20 cycles. Node 3 had settled node 2 (a false suspicion) and become node 1's
+/// heir in its place; node 0 settled the crashed node 3 and took over its settlement of node
+/// 2 (rule 11), whose older ledger also listed node 1 as a ward. That notice, naming node 2,
+/// replaced the one naming node 3; node 1 ignored it (its heir was node 3), came back
+/// orphaned, and its estate was lost: 0.475 L. The settler's own notice now stands.
+#[test]
+fn a_notice_names_the_heir_the_ward_last_adopted() {
+    let own = run_scenario(
+        4,
+        Topology::Complete,
+        0.464_536_951_380_249_36,
+        0.273_775_338_994_211_14,
+        0,
+        true,
+        2_497_621_255_174_765_958,
+        vec![
+            Event::Demand(2, 0, 341_403.680_723_582_2),
+            Event::Run(1),
+            Event::CrashRestart(3, 20),
+            Event::Demand(2, 1, 274_055.210_536_129_5),
+            Event::Run(7),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}
+
+/// Found by the counting sweep (`SWEEP_SEED=7`): a complete graph of 5 at 46 % loss, a crash
+/// of node 0 and a false suspicion of node 1. Node 1's ledger named its link with node 0's
+/// first incarnation; node 0's second incarnation answered for its own link with node 1,
+/// which carried capacity (rule 5, `Unvouched::Relinked`). The heir refused node 1's side of
+/// that later link as a late fold because it came before that answer, and then waited for
+/// it for ever: 0.74 L. Taking it then as node 1's own side still lost what node 0 had in
+/// flight to node 1 (0.994 L): that link now counts from node 0's answer, `F − S`.
+#[test]
+fn a_relinked_peers_later_link_counts_from_its_answer() {
+    let own = run_scenario(
+        5,
+        Topology::Complete,
+        0.455_275_158_487_966_35,
+        0.254_657_834_301_717_15,
+        1,
+        true,
+        9_330_157_323_095_124_557,
+        vec![
+            Event::Demand(5, 1, 34_362.747_121_052_016),
+            Event::Run(9),
+            Event::Run(18),
+            Event::CrashRestart(5, 9),
+            Event::Run(6),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}

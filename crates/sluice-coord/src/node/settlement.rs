@@ -256,11 +256,20 @@ impl Node {
             } else if next && !carried {
                 s.unvouched.insert(from, Unvouched::Superseded);
             } else if next {
-                // Its link with the ward carried capacity: the ward's side of it too must
-                // come as a late fold (see `Node::take_relinked`); without it, those flows
-                // would count on the replier's side only.
+                // Its link with the ward carried capacity: the ward's side of the named link
+                // must come as a late fold (see `Node::take_relinked`), and the later link
+                // must count too, or its flows would count on the replier's side only. If
+                // the replier vouches for its side of the later link, that link counts from
+                // its counters, `F − S`, as a live neighbour's does — what was in flight
+                // either way included; the ward's own side of it would lose what the replier
+                // had in flight to it (a complete graph of 5 at 46 % loss: 0.994 L).
                 s.unvouched
                     .insert(from, Unvouched::Relinked(r.replier_incarnation));
+                if r.in_estate {
+                    let mirror = r.entries.iter().map(|&(k, f, sv)| (k, sv, f)).collect();
+                    s.relinked.insert((from, r.replier_incarnation), mirror);
+                    s.mirrored.insert(from);
+                }
             }
         }
         if !covers || !(folded || r.in_estate) || !s.waiting.remove(&from) {
@@ -444,7 +453,16 @@ impl Node {
                 if let Some(&(_, wi)) = ward.ledger.settled.iter().find(|s| s.0 == w) {
                     self.link_entry(w, 0, false).verdict = wi;
                 }
-                self.successions.insert(w, ((n, inc), version));
+                // A settlement taken over from a dead settler's ledger (rule 11) has an older
+                // ledger than that settler's own: a ward both list had moved on to the settler
+                // (its ledger lists only wards that adopted it), so that notice stands. The
+                // other one named a heir the ward no longer has, and it ignored it: a 4-node
+                // graph at 46 % loss then lost a ward's estate (`a_notice_names_the_heir_the_ward_last_adopted`).
+                if origin.is_none() {
+                    self.successions.insert(w, ((n, inc), version));
+                } else {
+                    self.successions.entry(w).or_insert(((n, inc), version));
+                }
                 self.link_entry(w, 0, false);
             }
         }
@@ -458,6 +476,7 @@ impl Node {
                 terms,
                 floor_before,
                 relinked: BTreeMap::new(),
+                mirrored: BTreeSet::new(),
                 origin,
                 late: BTreeMap::new(),
             },
