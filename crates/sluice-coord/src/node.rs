@@ -1576,7 +1576,7 @@ impl Node {
             self.reincarnate(now, msg.dead_verdict, msg.verdict_version, Some(from));
             return;
         }
-        self.late_verdict(from, &msg);
+        self.late_verdict(from, msg);
         // The same verdict from our dead heir's successor (it read it in the dead heir's
         // ledger): the succession it comes with must not revive a settled incarnation.
         if msg.succession.is_some_and(|(h, _)| Some(h) == self.heir) && msg.dead_verdict >= self.inc

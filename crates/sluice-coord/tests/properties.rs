@@ -1848,7 +1848,7 @@ fn a_relinked_peers_later_link_counts_from_its_answer() {
         5,
         Topology::Complete,
         0.455_275_158_487_966_35,
-        0.254_657_834_301_717_15,
+        0.254_657_834_301_717_1,
         1,
         true,
         9_330_157_323_095_124_557,
