@@ -1015,6 +1015,10 @@ pub struct Node {
     /// The incarnation each of ours follows, where known exactly (0: none before it): see
     /// [`wire::SettleReply::prior`].
     priors: BTreeMap<u64, u64>,
+    /// The first incarnation of ours that heard from each peer incarnation `(peer, its
+    /// incarnation)`, kept across reincarnations: no capacity flows on a link before that
+    /// (see [`wire::SettleReply::first`]).
+    first_linked: BTreeMap<(NodeId, u64), u64>,
     /// The current heir (the configured one until it leaves).
     heir: Option<NodeId>,
     outbox: Vec<Outgoing>,
@@ -1121,6 +1125,7 @@ impl Node {
             leave_started: None,
             heir: cfg.heir,
             amnesiac: cfg.incarnation > 1,
+            first_linked: BTreeMap::new(),
             priors: if cfg.incarnation <= 1 {
                 BTreeMap::from([(cfg.incarnation, 0)])
             } else {
@@ -1656,6 +1661,9 @@ impl Node {
             // Our view changes (see `Node::take_census`).
             self.census = None;
         }
+        self.first_linked
+            .entry((from, msg.from_inc))
+            .or_insert(self.inc);
         let (fresh, usable_now) = {
             let link = self.link_entry(from, now, false);
             if link.inc != msg.from_inc {

@@ -16,8 +16,9 @@ pub type Key = u64;
 /// pristine) instead of a view digest, so it works on any connected graph. 8: level
 /// requests, unbalanced folds. 9: a ward handover says what it hands over
 /// ([`HandoverKind`]) and whether the ward was leaving; a ledger lists its settlements
-/// under way ([`Ledger::settling`]).
-const VERSION: u8 = 9;
+/// under way ([`Ledger::settling`]). 10: a settlement reply says whether the replier
+/// incarnation was the first of its node to link with the dead one ([`SettleReply::first`]).
+const VERSION: u8 = 10;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,6 +176,11 @@ pub struct SettleReply {
     /// its link with that previous incarnation (or there was none): then no incarnation in
     /// between can have exchanged capacity with it.
     pub prior: Option<u64>,
+    /// No incarnation of the replier before `replier_incarnation` ever linked with the dead
+    /// incarnation, and the replier knows every one of them (its chain of `prior`s reaches
+    /// 0): for a neighbour the dead node had no live link with, nothing in between can
+    /// have exchanged capacity with it either.
+    pub first: bool,
     /// The replier's side of this link is in its own accounts: folded into a ledger its
     /// heir holds, or it is alive and keeps it. `false` from a reincarnated replier whose
     /// old incarnation froze the link after the ledger its heir settled it with (or that
@@ -282,7 +288,8 @@ pub struct Message {
     pub echo: u64,
     /// Sender's lifecycle.
     pub lifecycle: Lifecycle,
-    /// The sender names the receiver its heir (and `ledger` is set).
+    /// The sender names the receiver its heir (and `ledger` is set, except in the later
+    /// parts of a split message and while the sender is orphaned: rule 7).
     pub to_heir: bool,
     /// `keys` holds every key the sender has state for (a send that was not split): a key
     /// missing from it has no state at the sender, which is idle there (see [`crate::node`]
@@ -581,7 +588,12 @@ fn put_reply<S: Sink>(out: &mut S, r: &SettleReply) {
     put(out, r.incarnation);
     put(out, r.replier_incarnation);
     let pending = !r.pending.is_empty();
-    out.push(u8::from(r.prior.is_some()) | (u8::from(r.in_estate) << 1) | (u8::from(pending) << 2));
+    out.push(
+        u8::from(r.prior.is_some())
+            | (u8::from(r.in_estate) << 1)
+            | (u8::from(pending) << 2)
+            | (u8::from(r.first) << 3),
+    );
     if let Some(p) = r.prior {
         put(out, p);
     }
@@ -597,10 +609,11 @@ fn read_reply(r: &mut Reader<'_>) -> Result<SettleReply, WireError> {
     let replier_incarnation = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags > 7 {
+    if flags > 15 {
         return Err(WireError::Tag { tag: flags, at });
     }
     let in_estate = flags & 2 == 2;
+    let first = flags & 8 == 8;
     let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
     let entries = r.triples()?;
     let pending = if flags & 4 == 4 {
@@ -613,6 +626,7 @@ fn read_reply(r: &mut Reader<'_>) -> Result<SettleReply, WireError> {
         incarnation,
         replier_incarnation,
         prior,
+        first,
         in_estate,
         entries,
         pending,
@@ -1181,6 +1195,7 @@ mod tests {
                         incarnation: 2,
                         replier_incarnation: 1,
                         prior: Some(0),
+                        first: false,
                         in_estate: true,
                         entries: vec![(9, 5, 2)],
                         pending: vec![(9, 3, 1)],
@@ -1196,6 +1211,7 @@ mod tests {
                 incarnation: 1,
                 replier_incarnation: 2,
                 prior: Some(1),
+                first: true,
                 in_estate: false,
                 entries: vec![(1, 10, 20)],
                 pending: vec![(1, 40, 12)],

@@ -716,6 +716,7 @@ fn message() -> impl Strategy<Value = Message> {
                             incarnation,
                             replier_incarnation,
                             prior,
+                            first: in_estate && prior.is_none(),
                             in_estate,
                             pending: entries.iter().rev().copied().collect(),
                             entries,
@@ -729,17 +730,25 @@ fn message() -> impl Strategy<Value = Message> {
         any::<u32>(),
         any::<u64>(),
         any::<u64>(),
-        (prop::option::of(any::<u64>()), any::<bool>()),
+        (prop::option::of(any::<u64>()), any::<bool>(), any::<bool>()),
         prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..3),
         prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..2),
     )
         .prop_map(
-            |(dead, incarnation, replier_incarnation, (prior, in_estate), entries, pending)| {
+            |(
+                dead,
+                incarnation,
+                replier_incarnation,
+                (prior, in_estate, first),
+                entries,
+                pending,
+            )| {
                 SettleReply {
                     dead,
                     incarnation,
                     replier_incarnation,
                     prior,
+                    first,
                     in_estate,
                     entries,
                     pending,
@@ -1887,6 +1896,63 @@ fn a_finished_settlement_waits_for_its_record_to_tell_the_ward() {
             Event::Demand(2, 1, 104_338.140_164_518_35),
             Event::Demand(0, 1, 226_262.068_178_444_6),
             Event::Run(11),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}
+
+/// Found by the counting sweep (`SWEEP_SEED=1`): a complete graph of 6 at 50 % loss, node 1
+/// cut off for 8 cycles. Nodes 0 and 5 had named node 1 their heir; declared dead, it kept
+/// running for a while, and the two, orphaned (rule 7), stopped naming it, so it dropped
+/// their ward records. Nobody else held them, and when they came back as new incarnations
+/// both estates were lost: 0.38 L. An orphan now still names its heir (with no ledger): the
+/// records become ward candidates of node 1's dead incarnation, handed to its settler.
+#[test]
+fn an_orphan_keeps_naming_its_heir() {
+    let own = run_scenario(
+        6,
+        Topology::Complete,
+        0.498_566_553_599_018_5,
+        0.277_579_941_587_086,
+        0,
+        false,
+        1_162_059_976_402_189_528,
+        vec![
+            Event::PartitionHeal(1, 8),
+            Event::Run(13),
+            Event::Demand(0, 0, 88_181.868_133_874_73),
+            Event::Run(3),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}
+
+/// Found by the counting sweep (`SWEEP_SEED=8`): a 4-ring at 44 % loss, four group cuts.
+/// Node 2's second incarnation was born after node 3's first had died, so its ledger named
+/// no live link with node 3 and no folded one; node 3's second incarnation answered for
+/// their link, which the prior rule (rule 4) could not take: its previous incarnation's
+/// link was not in that ledger. The estate waited for ever: 0.79 L. The answer now says
+/// that no earlier incarnation of node 3 ever linked with it (`SettleReply::first`).
+#[test]
+fn an_answer_from_the_first_incarnation_to_link_is_taken() {
+    let own = run_scenario(
+        4,
+        Topology::Ring,
+        0.443_635_712_270_472_27,
+        0.238_634_437_208_246_37,
+        0,
+        false,
+        13_661_801_021_963_824_232,
+        vec![
+            Event::Demand(5, 0, 322_169.532_806_140_14),
+            Event::GroupPartitionHeal(0, 3, 22),
+            Event::GroupPartitionHeal(3, 3, 22),
+            Event::GroupPartitionHeal(0, 3, 6),
+            Event::GroupPartitionHeal(4, 2, 28),
         ],
         &[0.5; 6],
         true,

@@ -81,9 +81,12 @@ impl Node {
         usable: &[(NodeId, f64)],
         plans: Option<&[Option<RelayPlan>]>,
     ) {
-        let to_heir =
-            Some(to) == self.heir && self.lifecycle != Lifecycle::Left && !self.orphaned(now);
-        let ledger = to_heir.then(|| self.ledger());
+        // Orphaned (rule 7), we still name our heir but send it no ledger: the incarnation
+        // that granted our lease, if it runs after all, keeps its record of us (a ward
+        // candidate once it learns it is dead), instead of dropping it as for a ward that
+        // named another heir; no other incarnation adopts us without a ledger.
+        let to_heir = Some(to) == self.heir && self.lifecycle != Lifecycle::Left;
+        let ledger = (to_heir && !self.orphaned(now)).then(|| self.ledger());
         let requests: Vec<(NodeId, u64)> = self
             .settling
             .iter()

@@ -132,6 +132,7 @@ impl Node {
                 incarnation: inc,
                 replier_incarnation: r.by_inc,
                 prior: self.priors.get(&r.by_inc).copied(),
+                first: self.first_to_link(dead, inc, r.by_inc),
                 in_estate: self.in_old_estate(r, dead, inc),
                 entries,
                 pending,
@@ -183,11 +184,28 @@ impl Node {
             incarnation: inc,
             replier_incarnation,
             prior,
+            first: self.first_to_link(dead, inc, replier_incarnation),
             in_estate,
             entries,
             pending,
         };
         self.push_reply(heir, reply);
+    }
+
+    /// Whether our incarnation `by` is the first of ours that linked with `dead`'s
+    /// incarnation `inc`, knowing every incarnation of ours before it (see
+    /// [`wire::SettleReply::first`]).
+    pub(super) fn first_to_link(&self, dead: NodeId, inc: u64, by: u64) -> bool {
+        let mut i = by;
+        // Each step goes to a smaller incarnation, so this ends.
+        loop {
+            match self.priors.get(&i) {
+                Some(0) => break,
+                Some(&p) if p < i => i = p,
+                _ => return false,
+            }
+        }
+        self.first_linked.get(&(dead, inc)).is_none_or(|&f| f >= by)
     }
 
     /// Queues a settlement reply for `heir` (replacing an older one for the same
@@ -223,11 +241,12 @@ impl Node {
         let covers = if live != 0 {
             r.replier_incarnation == live
         } else {
-            match r.prior {
-                Some(0) => true,
-                Some(p) => s.ward.ledger.folded.contains(&(from, p)),
-                None => false,
-            }
+            r.first
+                || match r.prior {
+                    Some(0) => true,
+                    Some(p) => s.ward.ledger.folded.contains(&(from, p)),
+                    None => false,
+                }
         };
         // The dead node froze this very link itself and reported it folded into its base.
         let folded = s
@@ -380,11 +399,12 @@ impl Node {
         let covers = if live != 0 {
             live == by
         } else {
-            match self.priors.get(&by) {
-                Some(0) => true,
-                Some(&p) => ward.ledger.folded.contains(&(me, p)),
-                None => false,
-            }
+            mine.first
+                || match self.priors.get(&by) {
+                    Some(0) => true,
+                    Some(&p) => ward.ledger.folded.contains(&(me, p)),
+                    None => false,
+                }
         };
         let in_estate = mine.in_estate;
         if rec.is_some() && !folded {
@@ -532,6 +552,7 @@ impl Node {
             incarnation: inc,
             replier_incarnation: by,
             prior: self.priors.get(&by).copied(),
+            first: self.first_to_link(n, inc, by),
             in_estate: rec.is_none_or(|r| r.by_inc == self.inc || self.in_old_estate(r, n, inc)),
             entries,
             pending,
