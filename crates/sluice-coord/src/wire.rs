@@ -17,7 +17,9 @@ pub type Key = u64;
 /// requests, unbalanced folds. 9: a ward handover says what it hands over
 /// ([`HandoverKind`]) and whether the ward was leaving; a ledger lists its settlements
 /// under way ([`Ledger::settling`]). 10: a settlement reply says whether the replier
-/// incarnation was the first of its node to link with the dead one ([`SettleReply::first`]).
+/// incarnation was the first of its node to link with the dead one ([`SettleReply::first`])
+/// and whether its later incarnations exchanged nothing with it
+/// ([`SettleReply::later_empty`]).
 const VERSION: u8 = 10;
 
 /// A node's lifecycle (membership, issue item 6).
@@ -181,6 +183,9 @@ pub struct SettleReply {
     /// 0): for a neighbour the dead node had no live link with, nothing in between can
     /// have exchanged capacity with it either.
     pub first: bool,
+    /// No incarnation of the replier after `replier_incarnation` exchanged anything with
+    /// the dead incarnation: a later link the dead node's ledger names carried nothing.
+    pub later_empty: bool,
     /// The replier's side of this link is in its own accounts: folded into a ledger its
     /// heir holds, or it is alive and keeps it. `false` from a reincarnated replier whose
     /// old incarnation froze the link after the ledger its heir settled it with (or that
@@ -592,7 +597,8 @@ fn put_reply<S: Sink>(out: &mut S, r: &SettleReply) {
         u8::from(r.prior.is_some())
             | (u8::from(r.in_estate) << 1)
             | (u8::from(pending) << 2)
-            | (u8::from(r.first) << 3),
+            | (u8::from(r.first) << 3)
+            | (u8::from(r.later_empty) << 4),
     );
     if let Some(p) = r.prior {
         put(out, p);
@@ -609,11 +615,12 @@ fn read_reply(r: &mut Reader<'_>) -> Result<SettleReply, WireError> {
     let replier_incarnation = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags > 15 {
+    if flags > 31 {
         return Err(WireError::Tag { tag: flags, at });
     }
     let in_estate = flags & 2 == 2;
     let first = flags & 8 == 8;
+    let later_empty = flags & 16 == 16;
     let prior = if flags & 1 == 1 { Some(r.var()?) } else { None };
     let entries = r.triples()?;
     let pending = if flags & 4 == 4 {
@@ -627,6 +634,7 @@ fn read_reply(r: &mut Reader<'_>) -> Result<SettleReply, WireError> {
         replier_incarnation,
         prior,
         first,
+        later_empty,
         in_estate,
         entries,
         pending,
@@ -1196,6 +1204,7 @@ mod tests {
                         replier_incarnation: 1,
                         prior: Some(0),
                         first: false,
+                        later_empty: true,
                         in_estate: true,
                         entries: vec![(9, 5, 2)],
                         pending: vec![(9, 3, 1)],
@@ -1212,6 +1221,7 @@ mod tests {
                 replier_incarnation: 2,
                 prior: Some(1),
                 first: true,
+                later_empty: false,
                 in_estate: false,
                 entries: vec![(1, 10, 20)],
                 pending: vec![(1, 40, 12)],

@@ -119,6 +119,8 @@ impl Node {
         // latest: the dead one froze the earlier links when it heard from a later one, and
         // if its heir's ledger names another, this answer does not cover it (it waits).
         let current = self.frozen.get(&(dead, inc));
+        // Nothing since, not even a fold (a fold starts the counters again at zero).
+        let later_empty = current.is_none_or(|r| r.pending.is_empty() && r.received.is_empty());
         if current.is_none_or(|r| {
             r.by_inc == self.inc && r.counters.values().all(|&(f, s)| f == 0 && s == 0)
         }) && let Some((_, r)) = self
@@ -133,6 +135,7 @@ impl Node {
                 replier_incarnation: r.by_inc,
                 prior: self.priors.get(&r.by_inc).copied(),
                 first: self.first_to_link(dead, inc, r.by_inc),
+                later_empty,
                 in_estate: self.in_old_estate(r, dead, inc),
                 entries,
                 pending,
@@ -185,6 +188,7 @@ impl Node {
             replier_incarnation,
             prior,
             first: self.first_to_link(dead, inc, replier_incarnation),
+            later_empty: false,
             in_estate,
             entries,
             pending,
@@ -238,8 +242,19 @@ impl Node {
             .iter()
             .find(|n| n.0 == from)
             .map_or(0, |n| n.1);
+        // An answer from an incarnation before the one the ledger names, whose later
+        // incarnations exchanged nothing with the dead node, covers the link too when the
+        // dead node folded that earlier link: it is in the bases, and the named link carried
+        // nothing. Waiting for the named incarnation's own answer instead waited for ever (a
+        // complete graph of 6 without loss, a cut then a crash: 0.77 L).
+        let older = r.later_empty
+            && r.replier_incarnation < live
+            && s.ward
+                .ledger
+                .folded
+                .contains(&(from, r.replier_incarnation));
         let covers = if live != 0 {
-            r.replier_incarnation == live
+            r.replier_incarnation == live || older
         } else {
             r.first
                 || match r.prior {
@@ -553,6 +568,7 @@ impl Node {
             replier_incarnation: by,
             prior: self.priors.get(&by).copied(),
             first: self.first_to_link(n, inc, by),
+            later_empty: false,
             in_estate: rec.is_none_or(|r| r.by_inc == self.inc || self.in_old_estate(r, n, inc)),
             entries,
             pending,
