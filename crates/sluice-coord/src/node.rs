@@ -648,6 +648,11 @@ fn fits_one(head_len: usize, keys: &[KeyEntry], cap: usize) -> bool {
 /// Room for a message's key count varint growing from 1 byte to at most 5.
 const COUNT_SLACK: usize = 4;
 
+/// Leases a settlement waits for the lower end of a crossed link to hand over its side as
+/// a late fold before it takes the higher end's (see `Node::take_late_fold`): a reincarnated
+/// lower end offers as soon as it hears its verdict, well within this.
+const LOWER_END_PATIENCE: u64 = 8;
+
 fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
     let head_len = wire::encoded_len(&head);
     if fits_one(head_len, &keys, cap) {
@@ -848,6 +853,8 @@ struct Settlement {
     terms: BTreeMap<Key, i128>,
     /// The ward's dead floor before the settlement (restored if it dies unannounced with us).
     floor_before: u64,
+    /// When it started (our clock): see `Node::take_late_fold`.
+    started: Nanos,
     /// Late folds received for a `Relinked` peer `(peer, peer incarnation)`, held until the
     /// other one arrives.
     relinked: BTreeMap<(NodeId, u64), Side>,
@@ -1546,7 +1553,7 @@ impl Node {
             self.take_reply(from, r);
         }
         for f in &msg.late_folds {
-            self.take_late_fold(from, f);
+            self.take_late_fold(now, from, f);
         }
         for h in &msg.handovers {
             self.take_handover(now, from, h);

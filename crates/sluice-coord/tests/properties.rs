@@ -1994,3 +1994,28 @@ fn an_answer_for_a_folded_link_covers_a_later_empty_one() {
     );
     assert_eq!(own.ok(), Some(LIMIT));
 }
+
+/// Found by the counting sweep (`SWEEP_SEED=7`, overlapping failures): a 6-ring at 6 % loss,
+/// node 5 cut off for 14 cycles, then its heir node 0 crashed for 12. Node 1 took over node
+/// 0's settlement of node 5 (rule 11); it waited for the side of node 5's link with node 4,
+/// the lower end, which came back orphaned with no heir to hand it to, and refused node 5's
+/// own side: 0.77 L. After a few leases the higher end's side is now taken (only what was in
+/// flight between them could be lost). Node 4's own estate, whose record died with node 0,
+/// is still lost: 0.88 L.
+#[test]
+fn a_lower_end_that_never_offers_does_not_block_the_higher_end() {
+    let own = run_scenario(
+        6,
+        Topology::Ring,
+        0.058_327_226_408_045_59,
+        0.117_588_563_356_604_5,
+        2,
+        true,
+        7_456_585_161_130_651_526,
+        vec![Event::CutThenCrash(5, 0, 14, 12)],
+        &[0.5; 6],
+        false,
+    );
+    let own = own.ok();
+    assert!(own.is_some_and(|o| o >= 883_000), "{own:?}");
+}

@@ -157,7 +157,8 @@ impl Node {
     /// the peer answered for the link without vouching for it. Answered `accepted` or not
     /// once that is decided; while the peer has not answered, not at all (it is offered
     /// again).
-    pub(super) fn take_late_fold(&mut self, from: NodeId, f: &LateFold) {
+    pub(super) fn take_late_fold(&mut self, now: Nanos, from: NodeId, f: &LateFold) {
+        let patience = LOWER_END_PATIENCE.saturating_mul(self.cfg.lease);
         let id = (from, f.incarnation, f.peer, f.peer_incarnation);
         let relinked = self.settling.get(&(from, f.incarnation)).and_then(|s| {
             match s.unvouched.get(&f.peer) {
@@ -188,10 +189,20 @@ impl Node {
             {
                 // Not this estate's link, or the peer's side is counted already.
                 Some(false)
-            } else if s.unvouched.get(&f.peer) == Some(&Unvouched::NotInEstate) && from > f.peer {
+            } else if s.unvouched.get(&f.peer) == Some(&Unvouched::NotInEstate)
+                && from > f.peer
+                && now <= s.started.saturating_add(patience)
+            {
                 // The peer, the lower id, hands over its side instead (see
-                // `offer_late_folds`): taking ours too would lose what was in flight.
-                Some(false)
+                // `offer_late_folds`): taking ours too would lose what was in flight. Not
+                // refused, though: a lower end that never offers (it came back orphaned,
+                // and nobody settles it) left this estate waiting for ever (a 6-ring at 6 %
+                // loss, a node cut off, then its heir crashed: 0.77 L). After `patience`
+                // ours is taken: if the lower end's side is taken as well, what was in
+                // flight between them is lost, never counted twice (each estate holds its
+                // own side; only both holding the other's counters would count it twice, and
+                // the peer's answers vouch for its side only once its own late fold is in).
+                None
             } else if s.unvouched.remove(&f.peer).is_some() {
                 // The ward's own side, as if its ledger had folded the link: the peer's
                 // answer is ignored from now on (it counts in the peer's estate instead).

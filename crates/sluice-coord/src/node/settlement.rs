@@ -510,6 +510,7 @@ impl Node {
                 unvouched,
                 terms,
                 floor_before,
+                started: self.last_tick,
                 relinked: BTreeMap::new(),
                 mirrored: BTreeSet::new(),
                 origin,
