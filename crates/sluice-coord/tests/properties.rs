@@ -2019,3 +2019,33 @@ fn a_lower_end_that_never_offers_does_not_block_the_higher_end() {
     let own = own.ok();
     assert!(own.is_some_and(|o| o >= 883_000), "{own:?}");
 }
+
+/// Found by the counting sweep (`SWEEP_SEED=8`): a complete graph of 6 at 42 % loss, group
+/// cuts. Node 2 settled node 1 and accepted node 1's side of its link with node 4 as a late
+/// fold (rule 5), then was itself settled from a ledger from before that; node 3 took the
+/// settlement of node 1 over (rule 11) and waited for that side for ever, since node 1 had
+/// had it accepted and offered it no more: 0.88 L. Node 3's verdict now tells node 1 who
+/// settles it, and node 1 offers its late folds to node 3 again.
+#[test]
+fn a_late_fold_goes_to_whoever_took_the_settlement_over() {
+    let own = run_scenario(
+        6,
+        Topology::Complete,
+        0.417_423_932_676_396_55,
+        0.182_943_019_067_982_02,
+        0,
+        true,
+        5_616_989_668_457_937_186,
+        vec![
+            Event::GroupPartitionHeal(5, 3, 20),
+            Event::Demand(4, 0, 347_881.890_794_705_4),
+            Event::Run(14),
+            Event::GroupPartitionHeal(4, 2, 26),
+            Event::GroupPartitionHeal(1, 2, 25),
+            Event::Demand(3, 0, 333_570.334_991_470_5),
+        ],
+        &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}

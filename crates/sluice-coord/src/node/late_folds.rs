@@ -40,17 +40,32 @@ impl Node {
     /// recorded, not the ledger version: the sides this incarnation already gave out were
     /// worked out without it, and must stay the same (see `old_side`). A verdict a dead
     /// heir's successor passes on (with its notice) does not come from the settler.
+    ///
+    /// From a settler other than the one we know, it says that one's settlement was taken
+    /// over (rule 11: the settler died, and its heir settles us from its ledger): a late
+    /// fold the dead settler took after that ledger died with it, so ours go to the new
+    /// one again, undecided (a complete graph of 6 at 42 % loss waited for ever for a side
+    /// already accepted: 0.88 L, `a_late_fold_goes_to_whoever_took_the_settlement_over`).
+    /// Safe: the new settler takes a side only while it still waits for that peer, and
+    /// refuses one its ledger already holds.
     pub(super) fn late_verdict(&mut self, from: NodeId, msg: &Message) {
         let d = msg.dead_verdict;
         if d == 0
             || d >= self.inc
             || msg.succession.is_some()
-            || self.estate_heirs.contains_key(&d)
+            || self.estate_heirs.get(&d) == Some(&from)
             || !self.priors.values().any(|&p| p == d)
         {
             return;
         }
-        self.estate_heirs.insert(d, from);
+        if self.estate_heirs.insert(d, from).is_some() {
+            for (_, st) in self
+                .late_folds
+                .range_mut((d, 0, 0)..=(d, NodeId::MAX, u64::MAX))
+            {
+                *st = LateFoldState::Offered;
+            }
+        }
         self.offer_late_folds(d);
     }
 
