@@ -858,10 +858,6 @@ struct Settlement {
     /// Late folds received for a `Relinked` peer `(peer, peer incarnation)`, held until the
     /// other one arrives.
     relinked: BTreeMap<(NodeId, u64), Side>,
-    /// `Relinked` peers whose later incarnation's answer vouched for its link with the ward
-    /// (`in_estate`): that link's entry in `relinked` is the mirror of the answer, and the
-    /// ward's own side of it is refused (see `Node::take_relinked`).
-    mirrored: BTreeSet<NodeId>,
     /// For an estate handed over as inherited after a ledger (rule 10): the incarnation
     /// whose ledger lacked it. It finishes only after that incarnation's settlement, and
     /// pays its debt first.
@@ -910,9 +906,11 @@ enum Unvouched {
     Superseded,
     /// The incarnation that directly follows the one the ledger names answered, and its own
     /// link with the ward (with this incarnation) carried capacity: the named one is gone and
-    /// the later link's flows are in no ledger of the ward. Both of the ward's sides (of the
-    /// named link and of the later one) must come as late folds, together.
-    Relinked(u64),
+    /// the later link's flows are in no ledger of the ward. The ward's side of the named link
+    /// must come as a late fold; the later link counts from the answer if it vouched for it
+    /// (`mirrored`: its mirror is in `relinked`, and the ward's own side of it is refused),
+    /// else from the ward's own side too (see `Node::take_relinked`).
+    Relinked { later: u64, mirrored: bool },
 }
 
 /// Where a late fold we offered stands (see `Node::offer_late_folds`).
@@ -1667,10 +1665,12 @@ impl Node {
         if link_inc != Some(msg.from_inc) {
             // Our view changes (see `Node::take_census`).
             self.census = None;
+            // Only here, not per message: the first message of an incarnation always
+            // changes the incarnation our link is with.
+            self.first_linked
+                .entry((from, msg.from_inc))
+                .or_insert(self.inc);
         }
-        self.first_linked
-            .entry((from, msg.from_inc))
-            .or_insert(self.inc);
         let (fresh, usable_now) = {
             let link = self.link_entry(from, now, false);
             if link.inc != msg.from_inc {

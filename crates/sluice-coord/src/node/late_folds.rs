@@ -177,14 +177,14 @@ impl Node {
         let id = (from, f.incarnation, f.peer, f.peer_incarnation);
         let relinked = self.settling.get(&(from, f.incarnation)).and_then(|s| {
             match s.unvouched.get(&f.peer) {
-                Some(&Unvouched::Relinked(later)) => Some(later),
+                Some(&Unvouched::Relinked { later, mirrored }) => Some((later, mirrored)),
                 _ => None,
             }
         });
         let accepted = if self.late_taken.contains(&id) {
             Some(true)
-        } else if let Some(later) = relinked {
-            self.take_relinked(from, f, later)
+        } else if let Some((later, mirrored)) = relinked {
+            self.take_relinked(from, f, later, mirrored)
         } else if let Some(s) = self.settling.get_mut(&(from, f.incarnation)) {
             let link = (f.peer, f.peer_incarnation);
             let live = s.ward.ledger.neighbours.contains(&link);
@@ -267,20 +267,19 @@ impl Node {
     /// its side. The ward's side of the named link is taken as if the ward had folded it
     /// (the peer's estate counts the ward's counters for it once this is accepted:
     /// `in_estate`). The later link counts from the later incarnation's answer if that
-    /// vouched for it (`mirrored`, see `take_reply`), and otherwise from the ward's own side
-    /// of it too, whose other side the later incarnation holds itself (what was in flight
-    /// on it is then lost). Each link then counts once; a 4-node graph with almost no loss
+    /// vouched for it (`mirrored`, see `take_reply`; its mirror is then in `relinked`), and
+    /// otherwise from the ward's own side of it too, whose other side the later incarnation
+    /// holds itself (what was in flight on it is then lost). Each link then counts once; a 4-node graph with almost no loss
     /// lost 35 % of the limit waiting for a side that could never come.
-    pub(super) fn take_relinked(&mut self, from: NodeId, f: &LateFold, later: u64) -> Option<bool> {
+    pub(super) fn take_relinked(
+        &mut self,
+        from: NodeId,
+        f: &LateFold,
+        later: u64,
+        mirrored: bool,
+    ) -> Option<bool> {
         let s = self.settling.get_mut(&(from, f.incarnation))?;
-        let named = s
-            .ward
-            .ledger
-            .neighbours
-            .iter()
-            .find(|l| l.0 == f.peer)
-            .map_or(0, |l| l.1);
-        let mirrored = s.mirrored.contains(&f.peer);
+        let named = Self::named_link(&s.ward.ledger, f.peer);
         if !s.waiting.contains(&f.peer)
             || (f.peer_incarnation != named && f.peer_incarnation != later)
             || (f.peer_incarnation == later && mirrored)

@@ -227,42 +227,9 @@ impl Node {
         let Some(s) = self.settling.get_mut(&(r.dead, r.incarnation)) else {
             return;
         };
-        // Only the incarnation the dead node's live link was with (as of its last ledger)
-        // can answer for that link; with no live link, only one that directly follows an
-        // incarnation the dead node folded (or a first one): nothing in between can have
-        // linked with it since. A later incarnation's answer leaves the
-        // earlier link's counters out: if that incarnation had folded them into its base
-        // (its heir counts them), the dead node's estate must count their other side, which
-        // only it knew; counting nothing there counts the link's net twice. So wait: an
-        // estate never completed is capacity lost, never counted twice (seed 003 §IV).
-        let live = s
-            .ward
-            .ledger
-            .neighbours
-            .iter()
-            .find(|n| n.0 == from)
-            .map_or(0, |n| n.1);
-        // An answer from an incarnation before the one the ledger names, whose later
-        // incarnations exchanged nothing with the dead node, covers the link too when the
-        // dead node folded that earlier link: it is in the bases, and the named link carried
-        // nothing. Waiting for the named incarnation's own answer instead waited for ever (a
-        // complete graph of 6 without loss, a cut then a crash: 0.77 L).
-        let older = r.later_empty
-            && r.replier_incarnation < live
-            && s.ward
-                .ledger
-                .folded
-                .contains(&(from, r.replier_incarnation));
-        let covers = if live != 0 {
-            r.replier_incarnation == live || older
-        } else {
-            r.first
-                || match r.prior {
-                    Some(0) => true,
-                    Some(p) => s.ward.ledger.folded.contains(&(from, p)),
-                    None => false,
-                }
-        };
+        // Only an answer that covers the link counts (see `covers`).
+        let live = Self::named_link(&s.ward.ledger, from);
+        let covers = Self::covers(&s.ward.ledger, from, r);
         // The dead node froze this very link itself and reported it folded into its base.
         let folded = s
             .ward
@@ -297,12 +264,19 @@ impl Node {
                 // its counters, `F − S`, as a live neighbour's does — what was in flight
                 // either way included; the ward's own side of it would lose what the replier
                 // had in flight to it (a complete graph of 5 at 46 % loss: 0.994 L).
+                let later = r.replier_incarnation;
+                // Once vouched for, it stays so (a replier that reincarnates later may stop
+                // vouching; the mirror taken stands).
+                let was = matches!(
+                    s.unvouched.get(&from),
+                    Some(Unvouched::Relinked { mirrored: true, .. })
+                );
+                let mirrored = r.in_estate || was;
                 s.unvouched
-                    .insert(from, Unvouched::Relinked(r.replier_incarnation));
+                    .insert(from, Unvouched::Relinked { later, mirrored });
                 if r.in_estate {
                     let mirror = r.entries.iter().map(|&(k, f, sv)| (k, sv, f)).collect();
-                    s.relinked.insert((from, r.replier_incarnation), mirror);
-                    s.mirrored.insert(from);
+                    s.relinked.insert((from, later), mirror);
                 }
             }
         }
@@ -398,12 +372,7 @@ impl Node {
         // Our own side of the link, as `take_reply` takes a neighbour's: only from the
         // incarnation the ward's ledger names, and only counters our own accounts hold.
         let me = self.cfg.id;
-        let live = ward
-            .ledger
-            .neighbours
-            .iter()
-            .find(|l| l.0 == me)
-            .map_or(0, |l| l.1);
+        let live = Self::named_link(&ward.ledger, me);
         let rec = self.frozen.get(&(n, inc));
         // Our side as a neighbour's answer gives it (`answer_settle`): an older
         // incarnation's as its estate counts it. The same answer goes with our ledger for
@@ -411,16 +380,7 @@ impl Node {
         let mine = self.own_answer(n, inc);
         let by = mine.replier_incarnation;
         let folded = ward.ledger.folded.contains(&(me, by));
-        let covers = if live != 0 {
-            live == by
-        } else {
-            mine.first
-                || match self.priors.get(&by) {
-                    Some(0) => true,
-                    Some(&p) => ward.ledger.folded.contains(&(me, p)),
-                    None => false,
-                }
-        };
+        let covers = Self::covers(&ward.ledger, me, &mine);
         let in_estate = mine.in_estate;
         if rec.is_some() && !folded {
             for &(k, f, s) in &mine.entries {
@@ -512,7 +472,6 @@ impl Node {
                 floor_before,
                 started: self.last_tick,
                 relinked: BTreeMap::new(),
-                mirrored: BTreeSet::new(),
                 origin,
                 late: BTreeMap::new(),
             },
@@ -553,6 +512,45 @@ impl Node {
                     self.take_reply(n, &side);
                 }
             }
+        }
+    }
+
+    /// The incarnation of `peer` the dead node's ledger names a live link with (0: none).
+    pub(super) fn named_link(ledger: &Ledger, peer: NodeId) -> u64 {
+        ledger
+            .neighbours
+            .iter()
+            .find(|l| l.0 == peer)
+            .map_or(0, |l| l.1)
+    }
+
+    /// Whether `peer`'s answer `r` is the one that can answer for the dead node's link with
+    /// it, as the dead node's `ledger` has that link (rule 4). Only the incarnation the live
+    /// link was with; with no live link, only one that directly follows an incarnation the
+    /// dead node folded, a first one, or the first of the peer's incarnations to link with
+    /// the dead one: nothing in between can have linked with it since. A later incarnation's
+    /// answer leaves the earlier link's counters out: if that incarnation had folded them
+    /// into its base (its heir counts them), the dead node's estate must count their other
+    /// side, which only it knew; counting nothing there counts the link's net twice. So
+    /// wait: an estate never completed is capacity lost, never counted twice (seed 003 §IV).
+    ///
+    /// And an answer from an incarnation before the one the ledger names, whose later
+    /// incarnations exchanged nothing with the dead node, when the dead node folded that
+    /// earlier link: it is in the bases, and the named link carried nothing. Waiting for the
+    /// named incarnation's own answer instead waited for ever (a complete graph of 6 without
+    /// loss, a cut then a crash: 0.77 L).
+    pub(super) fn covers(ledger: &Ledger, peer: NodeId, r: &SettleReply) -> bool {
+        let live = Self::named_link(ledger, peer);
+        let by = r.replier_incarnation;
+        if live != 0 {
+            by == live || (r.later_empty && by < live && ledger.folded.contains(&(peer, by)))
+        } else {
+            r.first
+                || match r.prior {
+                    Some(0) => true,
+                    Some(p) => ledger.folded.contains(&(peer, p)),
+                    None => false,
+                }
         }
     }
 
