@@ -175,6 +175,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+mod audit;
 mod census;
 mod handover;
 mod heir;
@@ -330,6 +331,12 @@ pub struct Config {
     /// waits, so the capacity is lost rather than counted twice (see docs/PROTOCOL.md,
     /// "Forgetting old links"). `None` keeps every record.
     pub forget_after: Option<Nanos>,
+    /// How often the lowest member starts a capacity audit, which mints again what no
+    /// settlement will bring back (see docs/PROTOCOL.md, "The capacity audit"); a round
+    /// that has not finished after half of this is abandoned. `None` runs none (the census
+    /// of a whole-cluster restart then re-mints, see "Re-minting after a whole-cluster
+    /// restart"; with audits on, the audit does that too, and the census is off).
+    pub audit_every: Option<Nanos>,
 }
 
 impl Config {
@@ -365,6 +372,7 @@ impl Config {
             max_message_bytes: 60_000,
             idle_after: None,
             forget_after: None,
+            audit_every: Some(10_000_000_000),
         }
     }
 
@@ -398,6 +406,7 @@ impl Config {
             Part::Full => init,
             Part::ReserveOnly => res,
             Part::ShareOnly => init - res,
+            Part::Minted(x) => x,
         }
     }
 
@@ -678,6 +687,7 @@ fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &m
         late_acks: Vec::new(),
         handovers: Vec::new(),
         handover_acks: Vec::new(),
+        audit: None,
         rest: true,
         ..head.clone()
     };
@@ -1044,6 +1054,8 @@ pub struct Node {
     /// This incarnation took its initial share back, with its links at these incarnations
     /// (their digest, `Node::view_digest`).
     reminted: Option<u64>,
+    /// Our part in the capacity audit (see `audit`).
+    audit: audit::AuditState,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -1117,6 +1129,7 @@ impl Node {
             census: None,
             census_heard: BTreeMap::new(),
             reminted: None,
+            audit: audit::AuditState::default(),
             final_sides: BTreeMap::new(),
             estate_heirs: BTreeMap::new(),
             late_folds: BTreeMap::new(),
@@ -1405,18 +1418,20 @@ impl Node {
         if self.lifecycle == Lifecycle::Left {
             return;
         }
-        // Orphaned for two leases with no word from the dead heir's successor: start again
-        // (see `Node::orphaned`).
-        if self.orphaned(now)
+        // Orphaned for two leases with no word from the dead heir's successor, or a lease
+        // out for long while our heir is up: start again (see `Node::orphaned`,
+        // `Node::lease_stalled`).
+        let orphan_done = self.orphaned(now)
             && self
                 .orphaned_at
-                .is_some_and(|at| now > at + 2 * self.cfg.lease)
-        {
+                .is_some_and(|at| now > at + 2 * self.cfg.lease);
+        if orphan_done || self.lease_stalled(now) {
             self.reincarnate(now, self.inc, None, None);
         }
         self.check_wards(now);
         self.forget_old_links(now);
         self.take_census(now);
+        self.audit_tick(now);
         self.replace_leaving_heir(now);
         self.restore_heir(now);
         self.update_quiet(now);
@@ -1780,6 +1795,7 @@ impl Node {
                 }
             }
         }
+        self.take_audit(from, (msg.from_inc, msg.to_inc), msg.audit.as_deref(), now);
         // A ward record needs a message addressed to this very incarnation: a restarted heir
         // must not adopt (and later settle) a ward that named its previous incarnation.
         if fresh && self.lifecycle != Lifecycle::Leaving {

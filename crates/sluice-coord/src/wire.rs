@@ -19,8 +19,10 @@ pub type Key = u64;
 /// under way ([`Ledger::settling`]). 10: a settlement reply says whether the replier
 /// incarnation was the first of its node to link with the dead one ([`SettleReply::first`])
 /// and whether its later incarnations exchanged nothing with it
-/// ([`SettleReply::later_empty`]).
-const VERSION: u8 = 10;
+/// ([`SettleReply::later_empty`]). 11: the capacity audit ([`Audit`]; header flag bit 6 now
+/// says an extension byte follows the last list: its bit 0 a census claim, bit 1 an audit
+/// field) and minted holdings ([`Part::Minted`]).
+const VERSION: u8 = 11;
 
 /// A node's lifecycle (membership, issue item 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,6 +47,9 @@ pub enum Part {
     ReserveOnly,
     /// The initial share minus the reservation (what an heir inherits).
     ShareOnly,
+    /// Capacity a capacity audit found lost and minted again (see [`crate::node`], "The
+    /// capacity audit"): this many units of every key. `Holding::node` is the minter.
+    Minted(u64),
 }
 
 /// One entry of a holdings list.
@@ -346,6 +351,67 @@ pub struct Message {
     pub handover_acks: Vec<HandoverAck>,
     /// The sender's census claim, if it makes one (see [`Census`]).
     pub census: Option<Census>,
+    /// The sender's part in a capacity audit, when the receiver still needs it (see
+    /// [`Audit`]).
+    pub audit: Option<Box<Audit>>,
+}
+
+/// A wave of a capacity audit (see [`crate::node`], "The capacity audit"). Waves are the
+/// echo algorithm: a node joins the highest wave it hears of, from the neighbour it first
+/// hears it from (its *parent*), and reports to that parent once every other neighbour is
+/// in the wave too (those that took it as their parent with their own reports).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Audit {
+    /// The wave: the root's incarnation, the round, the phase (ordered as a tuple).
+    pub wave: Wave,
+    /// The sender took the receiver as its parent in this wave.
+    pub child: bool,
+    /// The sender has the receiver accounted for in this wave (as a child with its report,
+    /// or as a neighbour in the wave): the receiver need not tell it again.
+    pub ack: bool,
+    /// The sender needs nothing more from the receiver in this wave (it has it accounted and
+    /// holds its `ack`): no answer is asked for.
+    pub done: bool,
+    /// To the parent: the sender's whole subtree, once complete.
+    pub report: Option<AuditReport>,
+    /// The sender's fence: incarnations `(node, v)` below `v` of `node` are dead and their
+    /// estates are counted by no one any more (a confirmed wave carries the root's).
+    pub fence: Vec<(NodeId, u64)>,
+}
+
+/// Which wave of the audit (see [`Audit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Wave {
+    /// The root's incarnation (a restarted root starts above its old waves).
+    pub root_inc: u64,
+    /// The round, counted by that incarnation of the root.
+    pub round: u64,
+    /// `false`: gather (each node reads what it holds); `true`: confirm (each node installs
+    /// the fence and says whether what it read is still what it holds).
+    pub confirm: bool,
+}
+
+/// A subtree's report (see [`Audit`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AuditReport {
+    /// Every node of the subtree could read (gather) or still holds what it read (confirm).
+    pub ok: bool,
+    /// Gather: a node of the subtree started a settlement lately; the root lets it finish
+    /// rather than fence it (an audit is for capacity nobody will bring back).
+    pub busy: bool,
+    /// Gather: `Σ` default bases (what a key without state is worth at each node).
+    pub defaults: u64,
+    /// Gather: per key, `Σ (base + pending fold nets − default base)` over the nodes with
+    /// state for it.
+    pub devs: Vec<(Key, i64)>,
+    /// Gather: the incarnation of every node of the subtree past its first.
+    pub incs: Vec<(NodeId, u64)>,
+    /// Gather: the members of the subtree, a bit each (bit `i` of byte `i / 8` for the
+    /// `i`-th lowest member id).
+    pub members: Vec<u8>,
+    /// Gather: incarnations `(node, incarnation, left)` that left the cluster, and that
+    /// neighbours of theirs in the subtree froze their links with.
+    pub excluded: Vec<(NodeId, u64, bool)>,
 }
 
 /// A claim about a restarted cluster (see [`crate::node`], "Re-minting after a whole-cluster
@@ -392,6 +458,7 @@ impl Default for Message {
             handovers: Vec::new(),
             handover_acks: Vec::new(),
             census: None,
+            audit: None,
         }
     }
 }
@@ -499,7 +566,7 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             | (u8::from(m.ledger.is_some()) << 3)
             | (u8::from(m.all_keys) << 4)
             | (u8::from(handovers) << 5)
-            | (u8::from(m.census.is_some()) << 6)
+            | (u8::from(m.census.is_some() || m.audit.is_some()) << 6)
             | (u8::from(m.rest) << 7),
     );
     if let Some(l) = &m.ledger {
@@ -581,9 +648,62 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
             put(out, a.ward_incarnation);
         }
     }
-    if let Some(c) = m.census {
-        put(out, u64::from(c.level));
-        out.push(u8::from(c.reminted));
+    if m.census.is_some() || m.audit.is_some() {
+        out.push(
+            u8::from(m.census.is_some())
+                | (u8::from(m.audit.is_some()) << 1)
+                | (u8::from(m.census.is_some_and(|c| c.reminted)) << 2),
+        );
+        if let Some(c) = m.census {
+            put(out, u64::from(c.level));
+        }
+        if let Some(a) = &m.audit {
+            put_audit(out, a);
+        }
+    }
+}
+
+fn put_audit<S: Sink>(out: &mut S, a: &Audit) {
+    put(out, a.wave.root_inc);
+    put(out, a.wave.round);
+    let ok = a.report.as_ref().is_some_and(|r| r.ok);
+    out.push(
+        u8::from(a.wave.confirm)
+            | (u8::from(a.child) << 1)
+            | (u8::from(a.ack) << 2)
+            | (u8::from(a.report.is_some()) << 3)
+            | (u8::from(ok) << 4)
+            | (u8::from(a.report.as_ref().is_some_and(|r| r.busy)) << 5)
+            | (u8::from(a.done) << 6),
+    );
+    put(out, a.fence.len() as u64);
+    for &(n, v) in &a.fence {
+        put(out, u64::from(n));
+        put(out, v);
+    }
+    // A confirming report is its `ok` bit alone.
+    if let Some(r) = a.report.as_ref().filter(|_| !a.wave.confirm) {
+        put(out, r.defaults);
+        put(out, r.devs.len() as u64);
+        for &(k, d) in &r.devs {
+            put(out, k);
+            put(out, ((d << 1) ^ (d >> 63)) as u64);
+        }
+        put(out, r.incs.len() as u64);
+        for &(n, v) in &r.incs {
+            put(out, u64::from(n));
+            put(out, v);
+        }
+        put(out, r.members.len() as u64);
+        for &b in &r.members {
+            out.push(b);
+        }
+        put(out, r.excluded.len() as u64);
+        for &(n, v, left) in &r.excluded {
+            put(out, u64::from(n));
+            put(out, v);
+            out.push(u8::from(left));
+        }
     }
 }
 
@@ -651,11 +771,15 @@ fn put_ledger_at<S: Sink>(out: &mut S, l: &Ledger, nested: bool) {
     put(out, l.holdings.len() as u64);
     for h in &l.holdings {
         put(out, u64::from(h.node));
-        out.push(match h.part {
-            Part::Full => 0,
-            Part::ReserveOnly => 1,
-            Part::ShareOnly => 2,
-        });
+        match h.part {
+            Part::Full => out.push(0),
+            Part::ReserveOnly => out.push(1),
+            Part::ShareOnly => out.push(2),
+            Part::Minted(x) => {
+                out.push(3);
+                put(out, x);
+            }
+        }
     }
     put(out, l.bases.len() as u64);
     for &(k, b) in &l.bases {
@@ -887,18 +1011,31 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
             });
         }
     }
-    let census = if flags & 64 != 0 {
+    let (census, audit) = if flags & 64 != 0 {
         let at = r.at;
-        let level = u16::try_from(r.var()?).map_err(|_| WireError::Overflow(at))?;
-        let at = r.at;
-        let reminted = match r.byte()? {
-            0 => false,
-            1 => true,
-            t => return Err(WireError::Tag { tag: t, at }),
+        let ext = r.byte()?;
+        // Nothing set, or `reminted` without a census: not what any encoder writes.
+        if ext & !7 != 0 || ext & 3 == 0 || ext & 5 == 4 {
+            return Err(WireError::Tag { tag: ext, at });
+        }
+        let census = if ext & 1 != 0 {
+            let at = r.at;
+            let level = u16::try_from(r.var()?).map_err(|_| WireError::Overflow(at))?;
+            Some(Census {
+                level,
+                reminted: ext & 4 != 0,
+            })
+        } else {
+            None
         };
-        Some(Census { level, reminted })
+        let audit = if ext & 2 != 0 {
+            Some(Box::new(read_audit(&mut r)?))
+        } else {
+            None
+        };
+        (census, audit)
     } else {
-        None
+        (None, None)
     };
     if r.at != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - r.at));
@@ -928,8 +1065,88 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         handovers,
         handover_acks,
         census,
+        audit,
     };
     Ok(())
+}
+
+fn read_audit(r: &mut Reader<'_>) -> Result<Audit, WireError> {
+    let root_inc = r.var()?;
+    let round = r.var()?;
+    let at = r.at;
+    let flags = r.byte()?;
+    // `ok` or `busy` without a report: not what any encoder writes.
+    if flags & !127 != 0 || (flags & 8 == 0 && flags & 48 != 0) {
+        return Err(WireError::Tag { tag: flags, at });
+    }
+    let confirm = flags & 1 != 0;
+    let n = r.count(2)?;
+    let mut fence = Vec::with_capacity(n);
+    for _ in 0..n {
+        fence.push((r.id()?, r.var()?));
+    }
+    let report = if flags & 8 == 0 {
+        None
+    } else if confirm {
+        Some(AuditReport {
+            ok: flags & 16 != 0,
+            busy: flags & 32 != 0,
+            ..AuditReport::default()
+        })
+    } else {
+        let defaults = r.var()?;
+        let n = r.count(2)?;
+        let mut devs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = r.var()?;
+            let z = r.var()?;
+            devs.push((k, ((z >> 1) as i64) ^ -((z & 1) as i64)));
+        }
+        let n = r.count(2)?;
+        let mut incs = Vec::with_capacity(n);
+        for _ in 0..n {
+            incs.push((r.id()?, r.var()?));
+        }
+        let n = r.count(1)?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(r.byte()?);
+        }
+        let n = r.count(3)?;
+        let mut excluded = Vec::with_capacity(n);
+        for _ in 0..n {
+            let node = r.id()?;
+            let inc = r.var()?;
+            let at = r.at;
+            let left = match r.byte()? {
+                0 => false,
+                1 => true,
+                tag => return Err(WireError::Tag { tag, at }),
+            };
+            excluded.push((node, inc, left));
+        }
+        Some(AuditReport {
+            ok: flags & 16 != 0,
+            busy: flags & 32 != 0,
+            defaults,
+            devs,
+            incs,
+            members,
+            excluded,
+        })
+    };
+    Ok(Audit {
+        wave: Wave {
+            root_inc,
+            round,
+            confirm,
+        },
+        child: flags & 2 != 0,
+        ack: flags & 4 != 0,
+        done: flags & 64 != 0,
+        report,
+        fence,
+    })
 }
 
 /// A ledger written by `put_ledger`.
@@ -949,6 +1166,7 @@ fn read_ledger_at(r: &mut Reader<'_>, nested: bool) -> Result<Ledger, WireError>
             0 => Part::Full,
             1 => Part::ReserveOnly,
             2 => Part::ShareOnly,
+            3 => Part::Minted(r.var()?),
             tag => return Err(WireError::Tag { tag, at }),
         };
         holdings.push(Holding { node, part });

@@ -387,6 +387,9 @@ impl<T: Transport> Cluster<T> {
         // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
         cfg.idle_after = Some(nanos(spec.idle_after));
         cfg.forget_after = Some(nanos(spec.forget_after));
+        // A capacity audit every ten leases mints what no settlement will bring back
+        // (docs/PROTOCOL.md "The capacity audit"); a round costs a few bytes per link.
+        cfg.audit_every = Some(nanos(spec.lease) * 10);
         // One message must fit one datagram with its frame.
         cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
         let start = Instant::now();

@@ -76,6 +76,8 @@ impl Node {
         self.reminted = None;
         self.census = None;
         self.census_heard.clear();
+        // So is a reading for the audit (the fence stays: those estates stay fenced).
+        self.audit.leave_wave();
         if self.estate_heirs.contains_key(&old) {
             for (&w, ward) in &self.wards {
                 self.ward_candidates

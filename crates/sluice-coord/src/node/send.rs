@@ -222,6 +222,7 @@ impl Node {
             handovers: Vec::new(),
             handover_acks: mail.handover_acks,
             census: self.census,
+            audit: self.audit_field(to),
         };
         let mut message = message;
         if !self.late_folds.is_empty() {

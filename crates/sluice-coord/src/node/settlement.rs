@@ -654,6 +654,15 @@ impl Node {
             self.settling.insert((n, inc), s);
             return;
         }
+        // An estate the audit fenced was counted as missing and minted again: it finishes
+        // empty (see docs/PROTOCOL.md, "The capacity audit").
+        if self.audit.fenced(n, inc) {
+            self.ledger_version += 1;
+            let e = self.settled.entry(n).or_insert(0);
+            *e = (*e).max(inc);
+            self.finish_dependents(n, inc);
+            return;
+        }
         let reserve = if s.ward.leaving {
             0
         } else {
@@ -730,7 +739,11 @@ impl Node {
             };
             self.inherited.insert((n, inc), record);
         }
-        // Estates handed over as inherited after this one's ledger waited for it.
+        self.finish_dependents(n, inc);
+    }
+
+    /// Estates handed over as inherited after `(n, inc)`'s ledger waited for its settlement.
+    fn finish_dependents(&mut self, n: NodeId, inc: u64) {
         let after: Vec<(NodeId, u64)> = self
             .settling
             .iter()
