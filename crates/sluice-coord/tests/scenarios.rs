@@ -1017,11 +1017,13 @@ fn rolling_restarts_forget_old_links() {
 
 /// A whole-cluster restart (every node killed at once, each back as a new incarnation):
 /// nobody is left to inherit the shares, and before the census the cluster enforced only
-/// the reservations for ever. Every node is pristine (its reservation and nothing else) and
-/// all see the same incarnations, so each member takes its initial share back: Σ own = L
-/// again, Σ enforced ≤ L at every event (the harness checks). Also staggered (restarts a few
-/// cycles apart, some nodes hearing old incarnations first) and at 30 % loss, on a complete
-/// graph, a ring and a path (where "everyone is pristine" is learnt hop by hop).
+/// the reservations for ever. With audits off, every node is pristine (its reservation and
+/// nothing else) and all see the same incarnations, so each member takes its initial share
+/// back (the census); with audits on (the default), the audit counts Σ reservations and the
+/// root mints the rest. Either way Σ own = L again, Σ enforced ≤ L at every event (the
+/// harness checks). Also staggered (restarts a few cycles apart, some nodes hearing old
+/// incarnations first) and at 30 % loss, on a complete graph, a ring and a path (where
+/// "everyone is pristine" is learnt hop by hop).
 #[test]
 fn a_whole_cluster_restart_remints_the_initial_shares() {
     let n = 5;
@@ -1032,14 +1034,18 @@ fn a_whole_cluster_restart_remints_the_initial_shares() {
         (0.3, 2, false),
         (0.3, 0, true),
     ];
-    for ((loss, stagger, reserved), edges) in cases
+    for (((loss, stagger, reserved), edges), audits) in cases
         .into_iter()
         .flat_map(|c| [(c, complete(n)), (c, ring(n)), (c, path(n))])
+        .flat_map(|c| [(c.clone(), true), (c, false)])
     {
         let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
             let mut c = cfg(n, 0.1, limit)(id, links);
             if reserved {
                 c.fallback = Fallback::Reserved(0.2);
+            }
+            if !audits {
+                c.audit_every = None;
             }
             c
         };
@@ -1068,7 +1074,7 @@ fn a_whole_cluster_restart_remints_the_initial_shares() {
         assert_eq!(
             c.sum_own(KEY),
             limit,
-            "loss {loss} stagger {stagger} reserved {reserved} edges {edges:?}"
+            "loss {loss} stagger {stagger} reserved {reserved} audits {audits} edges {edges:?}"
         );
         assert_eq!(c.sum_enforced(KEY), limit);
     }
