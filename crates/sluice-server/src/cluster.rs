@@ -851,6 +851,8 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
             keys,
             dead_link_records: node.dead_link_records(),
+            audit_rounds: node.audit_stats().0,
+            audit_minted_share: node.audit_stats().1 as f64 / SCALE as f64,
             peer: PeerCounters {
                 messages_sent: c.messages_sent.load(Ordering::Relaxed),
                 bytes_sent: c.bytes_sent.load(Ordering::Relaxed),

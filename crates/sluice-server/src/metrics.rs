@@ -22,7 +22,8 @@
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
-//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_link_records` | gauge | |
+//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_link_records`, `sluice_cluster_audit_minted_share` | gauge | |
+//! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
 //! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
@@ -599,6 +600,21 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
     )?;
     let p = &s.peer;
     let counter = ConstCounter::new(0u64);
+    {
+        let m = encoder.encode_descriptor(
+            "sluice_cluster_audit_rounds",
+            "Capacity audits this node confirmed as their root",
+            None,
+            counter.metric_type(),
+        )?;
+        ConstCounter::new(s.audit_rounds).encode(m)?;
+    }
+    gauge(
+        encoder,
+        "sluice_cluster_audit_minted_share",
+        "Capacity the audits found lost and minted again, as a fraction of every key's limit",
+        s.audit_minted_share,
+    )?;
     {
         let mut m = encoder.encode_descriptor(
             "sluice_peer_messages",

@@ -44,6 +44,13 @@ pub struct ClusterStatus {
     /// Records kept of links with dead peer incarnations, for whoever settles them (one per
     /// neighbour restart, dropped once no settlement asked for ten minutes).
     pub dead_link_records: usize,
+    /// Capacity audits this node confirmed as their root (the lowest member runs them:
+    /// docs/PROTOCOL.md, "The capacity audit").
+    pub audit_rounds: u64,
+    /// What those audits found missing and minted again, as a fraction of every key's limit
+    /// (summed over the rounds): capacity that failures had lost for good. Non-zero only at
+    /// the root, and only after overlapping failures.
+    pub audit_minted_share: f64,
     /// Peer transport counters.
     pub peer: PeerCounters,
 }
@@ -67,6 +74,8 @@ impl ClusterStatus {
             default_share: 1.0,
             keys: Vec::new(),
             dead_link_records: 0,
+            audit_rounds: 0,
+            audit_minted_share: 0.0,
             peer: PeerCounters::default(),
         }
     }

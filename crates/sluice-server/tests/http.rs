@@ -621,6 +621,8 @@ fn clustered() -> ClusterStatus {
     s.peer.messages_sent = 7;
     s.peer.bytes_sent = 700;
     s.peer.rejected_unauthenticated = 1;
+    s.audit_rounds = 4;
+    s.audit_minted_share = 0.125;
     s
 }
 
@@ -692,6 +694,9 @@ async fn health_readiness_and_cluster_status() {
             ),
             Some(1.0)
         );
+        // The capacity audits this node ran as their root, and what they minted again.
+        assert_eq!(m.get("sluice_cluster_audit_rounds_total", &[]), Some(4.0));
+        assert_eq!(m.get("sluice_cluster_audit_minted_share", &[]), Some(0.125));
         fake.0.lock().unwrap().lease = "expired".into();
         let r = s.get("/readyz").await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);

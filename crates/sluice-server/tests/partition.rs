@@ -820,9 +820,9 @@ fn crash_survivors_regain_capacity_and_gamma_follows() {
 
 /// Every node killed at once and restarted as a new incarnation (a power cut, a redeploy
 /// that stops every pod; `--state-file` keeps the incarnations): nobody is left to inherit
-/// the shares. The restarted nodes find they all hold only their reservations and each
-/// takes its own share back (`sluice-coord`'s census), so the cluster admits its whole limit
-/// again — and never more, at every step.
+/// the shares. The restarted nodes hold only their reservations (none here); the capacity
+/// audit counts that and its root, node 0, mints the whole limit back (`sluice-coord`'s
+/// audit), so the cluster admits its whole limit again — and never more, at every step.
 #[test]
 fn a_whole_cluster_restart_takes_the_limit_back() {
     let n = 5;
@@ -844,6 +844,11 @@ fn a_whole_cluster_restart_takes_the_limit_back() {
     }
     let settled = settles(&back, restart, 0.999).expect("the sum gets back to the limit");
     let follows = rebalanced(&back, restart, &rates);
+    // The root's restarted incarnation minted all of it (its audits before the crash found
+    // nothing missing).
+    let root = net.status(0);
+    assert!(root.audit_rounds >= 1, "{root:?}");
+    assert!((root.audit_minted_share - 1.0).abs() < 1e-9, "{root:?}");
     eprintln!(
         "whole restart: at L {settled:?} after the restarts, shares following demand \
          {follows:?}, shares {:?}",
