@@ -1711,7 +1711,8 @@ fn counting_sweep() {
                             t[band][2] += 1;
                             println!(
                                 "OVER: n {n} {topology:?} loss {loss} dup {dup} delay {delay} \
-                                 reserved {reserved} seed {seed} events {events:?}"
+                                 reserved {reserved} seed {seed} events {events:?} \
+                                 shape {shape:?}: {r:?}"
                             );
                         }
                     }
@@ -2230,6 +2231,36 @@ fn a_cycle_of_heirs_that_froze_each_other_starts_again() {
             Event::GroupPartitionHeal(5, 2, 11),
         ],
         &[0.5; 6],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}
+
+/// Found by the counting sweep (`SWEEP_SEED=12`, overlapping failures) with the first
+/// version of the capacity audit: a random graph of 6 at 42 % loss, node 4 (whose only
+/// neighbour is node 1) cut off and node 1 crashed during a confirm wave. Node 1 had not
+/// passed on its subtree's confirm (node 4's said its holdings had moved); its restarted
+/// incarnation joined the wave under node 2, and the root, whose only neighbour is node 1,
+/// took it for a neighbour already in the wave and minted without that subtree: Σ enforced
+/// 1.022 L. A wave now fails at a node one of whose neighbours' incarnations ended since it
+/// joined, and a node no longer calls a later incarnation of its parent its parent.
+#[test]
+fn an_audit_wave_fails_when_a_neighbour_dies_in_it() {
+    let own = run_scenario(
+        6,
+        Topology::Random,
+        0.417_254_296_650_874,
+        0.187_230_006_832_274_7,
+        0,
+        false,
+        13_257_577_620_871_637_123,
+        vec![
+            Event::Demand(2, 1, 153_702.976_355_447_4),
+            Event::CutThenCrash(1, 0, 21, 14),
+            Event::CutThenCrash(4, 1, 4, 11),
+            Event::Run(6),
+        ],
+        &[0.958_9, 1.468_6, 1.114_2, 0.932_2, 0.505_4, 0.661_2],
         true,
     );
     assert_eq!(own.ok(), Some(LIMIT));

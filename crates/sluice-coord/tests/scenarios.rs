@@ -362,6 +362,32 @@ fn join_and_leave_conserve() {
     assert!(c.violations.is_empty(), "{:?}", c.violations);
 }
 
+/// A node that left for good is absent from the capacity audit's waves once its heir has
+/// settled it (every neighbour froze its link with it): audits go on confirming, and find
+/// nothing missing (docs/PROTOCOL.md, "The capacity audit").
+#[test]
+fn audits_go_on_after_a_node_leaves() {
+    let limit = 40_000;
+    let make = |id: NodeId, links: Vec<(NodeId, f64)>| {
+        let mut c = cfg(4, 1.0 / 6.0, limit)(id, links);
+        c.audit_every = Some(20 * c.cycle);
+        c
+    };
+    let mut c = Cluster::new(4, &ring(4), make, NetConfig::perfect(), 10).unwrap();
+    for i in 0..4 {
+        c.apply(Step::SetDemand(i, KEY, 9_000.0));
+    }
+    c.apply(Step::Run(100));
+    let before = c.node(0).unwrap().audit_stats();
+    c.apply(Step::Leave(2));
+    c.apply(Step::Run(400));
+    let after = c.node(0).unwrap().audit_stats();
+    assert!(after.0 >= before.0 + 5, "rounds {before:?} -> {after:?}");
+    assert_eq!(after.1, 0, "nothing minted");
+    assert_eq!(c.sum_own(KEY), limit);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
 #[test]
 fn many_keys_one_batch_and_bytes_per_key() {
     // Only keys with activity have state; one message per link carries all of them.

@@ -28,6 +28,8 @@ pub(super) struct AuditState {
     wave: Option<Wave>,
     /// Our parent in it (`None`: we are the root, or in no wave).
     parent: Option<NodeId>,
+    /// Our neighbours' incarnations when we joined (0: not known yet).
+    joined: Vec<(NodeId, u64)>,
     /// Per neighbour, what its latest message of our wave said (from the incarnation our link
     /// is with, addressed to ours).
     heard: BTreeMap<NodeId, Heard>,
@@ -219,6 +221,30 @@ impl Node {
             .then_some(d)
     }
 
+    /// Every neighbour with the incarnation our link is with (0: none known).
+    fn neighbour_incs(&self) -> Vec<(NodeId, u64)> {
+        self.links
+            .iter()
+            .filter(|(_, l)| l.neighbour)
+            .map(|(&p, l)| (p, l.inc))
+            .collect()
+    }
+
+    /// A neighbour's incarnation we knew when we joined the wave has ended since (our link
+    /// is with a later one, or with none). Whatever subtree it reported for, or would have,
+    /// may be missing from the wave (its later incarnation can join the wave under another
+    /// parent and look like a neighbour already counted): the wave fails here. Found by the
+    /// counting sweep (`SWEEP_SEED=12`, overlapping failures): the root's only neighbour
+    /// crashed before passing on its subtree's confirm, its restarted incarnation joined the
+    /// confirm wave under another node, and the root minted on its own word, without the
+    /// cut-off node's failed confirm: Σ enforced 1.022 L.
+    fn neighbour_changed(&self) -> bool {
+        self.audit
+            .joined
+            .iter()
+            .any(|&(p, was)| was != 0 && self.links.get(&p).is_none_or(|l| l.inc != was))
+    }
+
     /// Member `n`'s rank among the members (its bit in [`AuditReport::members`]).
     fn member_rank(&self, n: NodeId) -> Option<usize> {
         let mut m = self.cfg.members.clone();
@@ -229,9 +255,11 @@ impl Node {
 
     /// Joins `wave`, from `parent` (`None`: we start it as the root).
     fn audit_join(&mut self, wave: Wave, parent: Option<NodeId>, now: Nanos) {
+        let joined = self.neighbour_incs();
         let a = &mut self.audit;
         a.wave = Some(wave);
         a.parent = parent;
+        a.joined = joined;
         a.heard.clear();
         a.report = None;
         if wave.confirm {
@@ -276,6 +304,10 @@ impl Node {
     fn audit_complete(&mut self, now: Nanos) {
         let Some(wave) = self.audit.wave else { return };
         if self.audit.report.is_some() {
+            return;
+        }
+        if self.neighbour_changed() {
+            self.audit.report = Some(AuditReport::default());
             return;
         }
         let mut children = Vec::new();
@@ -383,7 +415,13 @@ impl Node {
         let wave = self.audit.wave?;
         let link = self.links.get(&to).filter(|l| l.neighbour && l.inc != 0)?;
         let h = self.audit.heard.get(&to).filter(|h| h.inc == link.inc);
-        let parent = self.audit.parent == Some(to);
+        // Our parent is the incarnation we joined from: a later one is not.
+        let parent = self.audit.parent == Some(to)
+            && self
+                .audit
+                .joined
+                .iter()
+                .any(|&(p, inc)| p == to && inc == link.inc);
         // We have it accounted: a child with its report, or any neighbour in the wave.
         let accounted = h.is_some_and(|h| !h.child || h.report.is_some());
         let acked = h.is_some_and(|h| h.acked_us);
