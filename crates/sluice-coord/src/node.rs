@@ -949,6 +949,9 @@ pub struct Node {
     lease_until: Nanos,
     /// The incarnation of our heir that granted the lease (0: none yet).
     lease_inc: u64,
+    /// The incarnation of our heir we last sent our ledger to (0: none): one that may hold a
+    /// ward record of us even if it never renewed our lease (see `Node::lease_heir_gone`).
+    ledger_inc: u64,
     /// When we learned, with the lease out, that the incarnation that granted it died (see
     /// `Node::orphaned`).
     orphaned_at: Option<Nanos>,
@@ -1118,6 +1121,7 @@ impl Node {
             keys: BTreeMap::new(),
             lease_until,
             lease_inc: 0,
+            ledger_inc: 0,
             orphaned_at: None,
             wards: BTreeMap::new(),
             settling: BTreeMap::new(),

@@ -2265,3 +2265,29 @@ fn an_audit_wave_fails_when_a_neighbour_dies_in_it() {
     );
     assert_eq!(own.ok(), Some(LIMIT));
 }
+
+/// Found by the counting sweep (`SWEEP_SEED=15`, overlapping failures): a complete graph of
+/// 5 at 48 % loss, node 4 cut off, then its heir node 0 crashed. Node 4 came back from a
+/// verdict while cut off, sent its ledger once to node 0 and was declared dead by it before
+/// any lease; node 0 crashed, node 1 took that settlement over (rule 11), and node 4, never
+/// leased, took a lease from node 0's restarted incarnation and lived on with its estate
+/// counted, its other neighbours holding it dead: 0.96 L for good, since the capacity
+/// audit's waves could not complete around it. A node that was never leased is now
+/// orphaned when the heir incarnation it sent its ledger to dies, as one whose lease came
+/// from it is (`Node::lease_heir_gone`).
+#[test]
+fn a_node_never_leased_is_orphaned_when_the_heir_it_wrote_to_dies() {
+    let own = run_scenario(
+        5,
+        Topology::Complete,
+        0.477_709_142_845_487_4,
+        0.213_724_241_832_126_18,
+        2,
+        true,
+        8_894_722_974_309_647_081,
+        vec![Event::Run(18), Event::CutThenCrash(4, 5, 18, 3)],
+        &[1.2556, 1.3602, 0.7954, 0.7597, 0.6868, 0.9286],
+        true,
+    );
+    assert_eq!(own.ok(), Some(LIMIT));
+}

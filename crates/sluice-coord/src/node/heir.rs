@@ -100,14 +100,26 @@ impl Node {
             && self.lease_heir_gone()
     }
 
-    /// The heir incarnation that granted our lease is no longer the one our heir's link is
-    /// with (we froze it, or our heir changed).
+    /// The heir incarnation that granted our lease — or, before any did, the one we sent our
+    /// ledger to (it may hold a ward record of us, and declare us dead) — is no longer the one
+    /// our heir's link is with (we froze it, or our heir changed). Found by the counting sweep
+    /// (`SWEEP_SEED=15`, overlapping failures): a node came back from a verdict while cut off,
+    /// sent its ledger once to its heir and was declared dead by it before any lease; the heir
+    /// crashed, its own heir took the settlement over, and the node, never leased, took a
+    /// lease from the heir's restarted incarnation and lived on, its estate counted and its
+    /// other neighbours holding it dead for good (0.96 L; the capacity audit's waves could
+    /// not complete around it).
     pub(super) fn lease_heir_gone(&self) -> bool {
-        self.lease_inc != 0
+        let inc = if self.lease_inc != 0 {
+            self.lease_inc
+        } else {
+            self.ledger_inc
+        };
+        inc != 0
             && self
                 .heir
                 .and_then(|h| self.links.get(&h))
-                .is_none_or(|l| l.inc != self.lease_inc)
+                .is_none_or(|l| l.inc != inc)
     }
 
     /// We just froze our link with the heir incarnation that granted our lease (it restarted,
@@ -120,6 +132,7 @@ impl Node {
         let dead = self.lease_heir_gone();
         if dead && self.lease_state(now) != LeaseState::Expired {
             self.lease_inc = 0;
+            self.ledger_inc = 0;
             self.orphaned_at = None;
         } else if dead && self.orphaned_at.is_none() {
             self.orphaned_at = Some(now);

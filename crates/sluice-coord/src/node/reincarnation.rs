@@ -91,6 +91,7 @@ impl Node {
         self.drop_settlements(old, version.filter(|_| dead == old));
         self.lease_until = 0;
         self.lease_inc = 0;
+        self.ledger_inc = 0;
         self.orphaned_at = None;
         self.amnesiac = true;
         self.ledger_version += 1;

@@ -87,6 +87,9 @@ impl Node {
         // named another heir; no other incarnation adopts us without a ledger.
         let to_heir = Some(to) == self.heir && self.lifecycle != Lifecycle::Left;
         let ledger = (to_heir && !self.orphaned(now)).then(|| self.ledger());
+        if ledger.is_some() && self.lease_inc == 0 {
+            self.ledger_inc = self.links.get(&to).map_or(0, |l| l.inc);
+        }
         let requests: Vec<(NodeId, u64)> = self
             .settling
             .iter()

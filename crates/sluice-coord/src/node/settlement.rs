@@ -353,6 +353,7 @@ impl Node {
             && !ward.ledger.settled.contains(&(self.cfg.id, self.inc))
         {
             self.lease_inc = 0;
+            self.ledger_inc = 0;
             self.orphaned_at = None;
         }
         self.settled_with.insert((n, inc), ward.ledger.version);
