@@ -1133,7 +1133,7 @@ impl Node {
             census: None,
             census_heard: BTreeMap::new(),
             reminted: None,
-            audit: audit::AuditState::default(),
+            audit: audit::AuditState::new(&cfg),
             final_sides: BTreeMap::new(),
             estate_heirs: BTreeMap::new(),
             late_folds: BTreeMap::new(),

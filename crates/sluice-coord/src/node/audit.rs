@@ -32,7 +32,7 @@ pub(super) struct AuditState {
     joined: Vec<(NodeId, u64)>,
     /// Per neighbour, what its latest message of our wave said (from the incarnation our link
     /// is with, addressed to ours).
-    heard: BTreeMap<NodeId, Heard>,
+    heard: SmallMap<NodeId, Heard>,
     /// Our subtree's report, once complete.
     report: Option<AuditReport>,
     /// What we read at a gather: compared at its confirm.
@@ -50,6 +50,11 @@ pub(super) struct AuditState {
     /// Units minted by this node (every key's default), and rounds it confirmed as root.
     minted: u64,
     confirmed: u64,
+    /// Our index among the members, sorted (our bit in [`AuditReport::members`]), and
+    /// whether we are the root: worked out once, asked for on every message and tick
+    /// (scanning 1,000 members each time made a 1,000-node run 1.4 times slower).
+    rank: Option<usize>,
+    root: bool,
 }
 
 /// A neighbour's latest word in our wave.
@@ -78,6 +83,19 @@ struct Reading {
 }
 
 impl AuditState {
+    /// The state of a node with configuration `cfg`.
+    pub(super) fn new(cfg: &Config) -> Self {
+        let mut members = cfg.members.clone();
+        members.sort_unstable();
+        members.dedup();
+        let rank = members.binary_search(&cfg.id).ok();
+        Self {
+            root: cfg.audit_every.is_some() && rank == Some(0),
+            rank,
+            ..Self::default()
+        }
+    }
+
     /// `(node, incarnation)` is an estate the audit fenced.
     pub(super) fn fenced(&self, node: NodeId, inc: u64) -> bool {
         self.fence.get(&node).is_some_and(|&v| inc < v)
@@ -86,7 +104,7 @@ impl AuditState {
     /// We reincarnated: what we read is not what we hold. This wave fails (we report so to
     /// our parent); we take part again from the next one.
     pub(super) fn leave_wave(&mut self) {
-        self.heard.clear();
+        self.heard = SmallMap::new();
         self.reading = None;
         self.gathered = None;
         self.over = true;
@@ -145,7 +163,7 @@ fn merge(a: &mut AuditReport, b: &AuditReport) {
 impl Node {
     /// Audits run (see [`Config::audit_every`]) and we are the root: the lowest member.
     fn audit_root(&self) -> bool {
-        self.cfg.audit_every.is_some() && self.cfg.members.iter().min() == Some(&self.cfg.id)
+        self.audit.root
     }
 
     /// What we hold, read for a gather: our default base, per key our base and pending fold
@@ -174,7 +192,7 @@ impl Node {
             }
         }
         let mut members = Vec::new();
-        if let Some(i) = self.member_rank(self.cfg.id) {
+        if let Some(i) = self.audit.rank {
             members.resize(i / 8 + 1, 0);
             members[i / 8] |= 1 << (i % 8);
         }
@@ -245,14 +263,6 @@ impl Node {
             .any(|&(p, was)| was != 0 && self.links.get(&p).is_none_or(|l| l.inc != was))
     }
 
-    /// Member `n`'s rank among the members (its bit in [`AuditReport::members`]).
-    fn member_rank(&self, n: NodeId) -> Option<usize> {
-        let mut m = self.cfg.members.clone();
-        m.sort_unstable();
-        m.dedup();
-        m.binary_search(&n).ok()
-    }
-
     /// Joins `wave`, from `parent` (`None`: we start it as the root).
     fn audit_join(&mut self, wave: Wave, parent: Option<NodeId>, now: Nanos) {
         let joined = self.neighbour_incs();
@@ -260,7 +270,7 @@ impl Node {
         a.wave = Some(wave);
         a.parent = parent;
         a.joined = joined;
-        a.heard.clear();
+        a.heard = SmallMap::new();
         a.report = None;
         if wave.confirm {
             // Fenced before we compare (`take_audit` installed the parent's fence): from here
@@ -505,13 +515,15 @@ impl Node {
         }
         if !wave.confirm {
             // Every member read, or left.
-            let all = self.cfg.members.iter().all(|&m| {
-                self.member_rank(m).is_some_and(|i| {
-                    report
-                        .members
-                        .get(i / 8)
-                        .is_some_and(|b| b & (1 << (i % 8)) != 0)
-                }) || report.excluded.iter().any(|e| e.0 == m && e.2)
+            let mut members = self.cfg.members.clone();
+            members.sort_unstable();
+            members.dedup();
+            let all = members.iter().enumerate().all(|(i, &m)| {
+                report
+                    .members
+                    .get(i / 8)
+                    .is_some_and(|b| b & (1 << (i % 8)) != 0)
+                    || report.excluded.iter().any(|e| e.0 == m && e.2)
             });
             if !all {
                 self.audit.over = true;
