@@ -409,9 +409,9 @@ pub struct AuditReport {
     /// Gather: the members of the subtree, a bit each (bit `i` of byte `i / 8` for the
     /// `i`-th lowest member id).
     pub members: Vec<u8>,
-    /// Gather: incarnations `(node, incarnation, left)` that left the cluster, and that
-    /// neighbours of theirs in the subtree froze their links with.
-    pub excluded: Vec<(NodeId, u64, bool)>,
+    /// Gather: incarnations `(node, incarnation)` that left the cluster, and that neighbours
+    /// of theirs in the subtree froze their links with.
+    pub excluded: Vec<(NodeId, u64)>,
 }
 
 /// A claim about a restarted cluster (see [`crate::node`], "Re-minting after a whole-cluster
@@ -699,10 +699,9 @@ fn put_audit<S: Sink>(out: &mut S, a: &Audit) {
             out.push(b);
         }
         put(out, r.excluded.len() as u64);
-        for &(n, v, left) in &r.excluded {
+        for &(n, v) in &r.excluded {
             put(out, u64::from(n));
             put(out, v);
-            out.push(u8::from(left));
         }
     }
 }
@@ -1112,18 +1111,10 @@ fn read_audit(r: &mut Reader<'_>) -> Result<Audit, WireError> {
         for _ in 0..n {
             members.push(r.byte()?);
         }
-        let n = r.count(3)?;
+        let n = r.count(2)?;
         let mut excluded = Vec::with_capacity(n);
         for _ in 0..n {
-            let node = r.id()?;
-            let inc = r.var()?;
-            let at = r.at;
-            let left = match r.byte()? {
-                0 => false,
-                1 => true,
-                tag => return Err(WireError::Tag { tag, at }),
-            };
-            excluded.push((node, inc, left));
+            excluded.push((r.id()?, r.var()?));
         }
         Some(AuditReport {
             ok: flags & 16 != 0,

@@ -852,7 +852,7 @@ fn message() -> impl Strategy<Value = Message> {
             prop::collection::vec((any::<u32>(), any::<u64>()), 0..3),
             prop::collection::vec(any::<u8>(), 0..3),
         ),
-        prop::collection::vec((any::<u32>(), any::<u64>(), any::<bool>()), 0..3),
+        prop::collection::vec((any::<u32>(), any::<u64>()), 0..3),
     )
         .prop_map(
             |((ok, busy, defaults), devs, (incs, members), excluded)| AuditReport {

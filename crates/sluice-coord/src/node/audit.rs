@@ -35,7 +35,8 @@ pub(super) struct AuditState {
     heard: SmallMap<NodeId, Heard>,
     /// Our subtree's report, once complete.
     report: Option<AuditReport>,
-    /// What we read at a gather: compared at its confirm.
+    /// What we read at a gather: compared at its confirm, and kept through the confirm only
+    /// if it was ok and nothing moved.
     reading: Option<Reading>,
     /// Incarnations below `v` of node `n` are dead and their estates fenced.
     fence: BTreeMap<NodeId, u64>,
@@ -183,14 +184,13 @@ impl Node {
         for (f, _) in self.pending_folds.values() {
             *devs.entry(f.key).or_insert(0) += i128::from(f.net);
         }
-        let mut links = Vec::new();
-        let mut excluded = Vec::new();
-        for (&p, l) in self.links.iter().filter(|(_, l)| l.neighbour) {
-            links.push((p, l.inc));
-            if let Some(d) = self.left_neighbour(p, l) {
-                excluded.push((p, d, true));
-            }
-        }
+        let links = self.neighbour_incs();
+        let excluded = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.neighbour)
+            .filter_map(|(&p, l)| Some((p, self.left_neighbour(p, l)?)))
+            .collect();
         let mut members = Vec::new();
         if let Some(i) = self.audit.rank {
             members.resize(i / 8 + 1, 0);
@@ -282,10 +282,10 @@ impl Node {
                 },
                 now,
             );
+            // The same round's gather (the readings' waves are equal), read ok, and nothing
+            // moved since.
             let same = self.audit.reading.as_ref().is_some_and(|r| {
-                r.wave.root_inc == wave.root_inc
-                    && r.wave.round == wave.round
-                    && r.report.ok
+                r.report.ok
                     // `busy` only ever clears as time passes (a settlement started since
                     // changed the version).
                     && *r == Reading {
@@ -296,9 +296,6 @@ impl Node {
                         ..now_reading.clone()
                     }
             });
-            if let Some(r) = self.audit.reading.as_mut() {
-                r.report.ok = same;
-            }
             if !same {
                 self.audit.reading = None;
             }
@@ -342,7 +339,7 @@ impl Node {
         }
         let mut report = if wave.confirm {
             AuditReport {
-                ok: self.audit.reading.as_ref().is_some_and(|r| r.report.ok),
+                ok: self.audit.reading.is_some(),
                 ..AuditReport::default()
             }
         } else {
@@ -523,7 +520,7 @@ impl Node {
                     .members
                     .get(i / 8)
                     .is_some_and(|b| b & (1 << (i % 8)) != 0)
-                    || report.excluded.iter().any(|e| e.0 == m && e.2)
+                    || report.excluded.iter().any(|e| e.0 == m)
             });
             if !all {
                 self.audit.over = true;
@@ -532,7 +529,7 @@ impl Node {
             // The fence: every incarnation older than one that read, and every one that left,
             // is dead.
             let mut fence: Vec<(NodeId, u64)> = report.incs.clone();
-            fence.extend(report.excluded.iter().map(|&(n, d, _)| (n, d + 1)));
+            fence.extend(report.excluded.iter().map(|&(n, d)| (n, d + 1)));
             self.audit.install(&fence);
             self.audit.gathered = Some(report);
             self.audit_join(
@@ -560,23 +557,9 @@ impl Node {
     /// Mints `L −` what the gather counted, per key, into our own base.
     fn audit_mint(&mut self, g: &AuditReport) {
         let limit = i128::from(self.cfg.limit);
-        // A dead incarnation nobody reads for keeps its reservation for its next one
-        // (unless it left: it handed everything over).
-        let mut dead: BTreeMap<NodeId, (u64, bool)> = BTreeMap::new();
-        for &(n, d, left) in &g.excluded {
-            let e = dead.entry(n).or_insert((d, left));
-            if d > e.0 {
-                *e = (d, left);
-            } else if d == e.0 {
-                e.1 &= left;
-            }
-        }
-        let reserved: u64 = dead
-            .iter()
-            .filter(|&(n, &(d, left))| !left && !g.incs.iter().any(|&(m, v)| m == *n && v > d))
-            .map(|(&n, _)| self.cfg.reservation(n))
-            .sum();
-        let total = i128::from(g.defaults) + i128::from(reserved);
+        // Only nodes that left are absent from a round, and they handed everything over,
+        // reservation included: nothing is held outside the readings.
+        let total = i128::from(g.defaults);
         let add_default = u64::try_from((limit - total).max(0)).unwrap_or(0);
         let devs: BTreeMap<Key, i64> = g.devs.iter().copied().collect();
         let add = |k: &Key| -> i128 {
