@@ -63,14 +63,20 @@ pub(crate) struct Args {
     /// (strict, keeps fraction F of its initial share), `last-share` (available, not strict).
     #[arg(long, default_value = "none")]
     fallback: String,
-    /// File where the node keeps its incarnation across restarts. A restarted node must come
-    /// back as a new incarnation (it holds only its reservation until peers give it more):
-    /// without this file, restart it with a larger --incarnation.
+    /// File where the node keeps its incarnation across restarts: the first start (no file
+    /// yet) is incarnation 1 and holds the node's initial share; every later start the next
+    /// number, holding only its reservation until peers give it more. Without it, every
+    /// start takes its incarnation from the clock (see --incarnation).
     #[arg(long, value_name = "PATH")]
     state_file: Option<PathBuf>,
-    /// Incarnation when there is no --state-file.
-    #[arg(long, default_value_t = 1)]
-    incarnation: u64,
+    /// Incarnation when there is no --state-file. Default: the wall clock in milliseconds
+    /// since 1970, which only grows across restarts, so the same command line restarts a node
+    /// safely: it comes back as a new incarnation holding only its reservation, and the
+    /// cluster's capacity audit mints what no node holds (a cluster whose nodes all start
+    /// this way begins at its whole limit once its first audit completes). `1` claims a
+    /// first start (the initial share): give it only to a node that never ran before.
+    #[arg(long)]
+    incarnation: Option<u64>,
     /// How often to look for changed configuration files (`off` to never reload).
     #[arg(long, default_value = "1s")]
     watch: String,
@@ -151,6 +157,19 @@ fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
     Ok(next)
 }
 
+/// An incarnation from the wall clock, milliseconds since 1970: larger than any incarnation
+/// an earlier start of this node held (a start takes more than a millisecond, and a node
+/// reincarnates at run time at most once per lease), unless the clock was set back by more
+/// than the time between the two starts. Never 1: a start without a state file cannot tell
+/// whether it is the first.
+fn clock_incarnation() -> anyhow::Result<u64> {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the system clock is before 1970: give --incarnation or --state-file")?
+        .as_millis();
+    Ok(u64::try_from(ms).unwrap_or(u64::MAX).max(2))
+}
+
 fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
     let text = match file {
         Some(f) => std::fs::read_to_string(f)
@@ -197,9 +216,13 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.fallback = parse_fallback(&args.fallback)?;
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
-    spec.incarnation = match &args.state_file {
-        Some(p) => next_incarnation(p)?,
-        None => args.incarnation,
+    spec.incarnation = match (&args.state_file, args.incarnation) {
+        (Some(p), _) => next_incarnation(p)?,
+        (None, Some(i)) => {
+            anyhow::ensure!(i >= 1, "--incarnation: must be at least 1");
+            i
+        }
+        (None, None) => clock_incarnation()?,
     };
     Ok(Some((spec, args.peer_addr)))
 }
