@@ -1331,6 +1331,13 @@ impl Node {
         self.keys.keys().copied()
     }
 
+    /// Whether this node has state for `key` (its demand or a peer's message created it, and
+    /// it was not reclaimed since).
+    #[must_use]
+    pub fn has_state(&self, key: Key) -> bool {
+        self.keys.contains_key(&key)
+    }
+
     /// Bytes of state per active key (key state plus its per-link entries).
     #[must_use]
     pub fn state_bytes_per_key(&self) -> usize {

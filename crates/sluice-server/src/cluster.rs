@@ -51,7 +51,7 @@ use tokio::time::Instant;
 
 use crate::engine::Engine;
 use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
-use crate::shares::{SCALE, Shares, scaled};
+use crate::shares::{KeyRole, SCALE, Shares, key_role, scaled};
 use crate::status::{ClusterInfo, ClusterStatus, KeyShareStatus, MemberStatus, PeerCounters};
 
 /// A peer of this node.
@@ -396,6 +396,12 @@ impl<T: Transport> Cluster<T> {
         let node = Node::new(cfg, 1)?;
         let guard = nanos(EXPIRY_GUARD.min(spec.lease / 8));
         let shares = Arc::new(Shares::new(node.default_enforced(1 + guard)));
+        // Every decision checks the lease against the clock (not only the timer at its end):
+        // past it, a key's limit is at most the fallback's reservation.
+        if spec.fallback != Fallback::LastShare {
+            let cfg = node.config();
+            shares.gate_lease(start, cfg.reservation(cfg.id));
+        }
         if !engine.attach_cluster(shares.clone()) {
             return Err(ClusterError::Invalid(
                 "the engine already belongs to a cluster".into(),
@@ -580,17 +586,27 @@ impl<T: Transport> Cluster<T> {
             } else {
                 Vec::new()
             };
+            let split = d.node.default_enforced(now) as f64;
             for h in drained {
-                if h.count > 0 {
-                    d.rules.insert(h.key, h.count);
-                }
                 // Hits per rule period, in capacity units (the rule's limit is SCALE).
                 let rate = if h.count == 0 {
                     0.0
                 } else {
                     h.hits as f64 * h.period as f64 / dt as f64 * SCALE as f64 / h.count as f64
                 };
-                d.node.set_demand(now, h.key, rate);
+                match key_role(d.node.has_state(h.key), h.hits, h.refused, rate, split) {
+                    KeyRole::Coordinated => {
+                        if h.count > 0 {
+                            d.rules.insert(h.key, h.count);
+                        }
+                        d.node.set_demand(now, h.key, rate);
+                    }
+                    KeyRole::Light => {}
+                    KeyRole::Gone => {
+                        self.shares.remove(h.key);
+                        d.rules.remove(&h.key);
+                    }
+                }
             }
             self.follow_membership(&mut d, now);
             let Driven { node, rng, .. } = &mut *d;
@@ -721,6 +737,9 @@ impl<T: Transport> Cluster<T> {
             d.rules.remove(&key);
         }
         d.expiry = lease_end(node, ahead);
+        // `lease_until` is in the past once expired: the gate then caps at once.
+        self.shares
+            .set_lease_until(node.lease_until().map(|end| end.saturating_sub(self.guard)));
         let inc = node.incarnation();
         if inc > d.persisted
             && let Some(path) = &self.state_file

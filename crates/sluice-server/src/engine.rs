@@ -795,9 +795,12 @@ impl Engine {
             Err(blocked) => return blocked,
         };
         let share;
+        // The cluster key, for a `coordination: cluster` rule: a refusal is noted on it.
+        let mut refusable = None;
         let limit = match (rule.coordination, self.shares.get()) {
             (Coordination::Cluster, Some(shares)) => {
                 let key = cluster_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+                refusable = Some((shares, key));
                 // Windows count a whole period: a share that moved within it must not be
                 // used twice (`shares` module documentation); buckets meter a rate.
                 let windowed = matches!(
@@ -822,6 +825,9 @@ impl Engine {
                         .unwrap_or(l)
                 }) else {
                     // This node holds no part of the limit now (the others use it all).
+                    if mode == Mode::Check {
+                        shares.note_refused(key);
+                    }
                     return DescriptorStatus {
                         code: Code::OverLimit,
                         current_limit: Some(rule.rate),
@@ -860,7 +866,16 @@ impl Engine {
             Mode::Check => store.check_view(&key, limit, now, cost),
             Mode::Peek => store.peek_view(&key, limit, now, cost),
         };
-        to_status(rule, &decision, window_reset)
+        let status = to_status(rule, &decision, window_reset);
+        // A refusal says the static split is not enough here: the key is worth coordinating
+        // (`Shares::note_refused`).
+        if mode == Mode::Check
+            && status.code == Code::OverLimit
+            && let Some((shares, key)) = refusable
+        {
+            shares.note_refused(key);
+        }
+        status
     }
 }
 

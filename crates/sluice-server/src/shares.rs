@@ -45,6 +45,8 @@ pub struct KeyShare {
     history: Mutex<VecDeque<(Nanos, u64)>>,
     /// Hits seen since the last drain (admitted or not: demand, not throughput).
     hits: AtomicU64,
+    /// Whether a request was refused since the last drain.
+    refused: std::sync::atomic::AtomicBool,
     /// The rule's requests per unit and unit (to turn hits into capacity units).
     count: AtomicU64,
     period: AtomicU64,
@@ -66,6 +68,8 @@ pub struct Drained {
     pub count: u64,
     /// The rule's unit, nanoseconds.
     pub period: Nanos,
+    /// A request on it was refused since the previous drain.
+    pub refused: bool,
 }
 
 /// Shares and demand of every cluster key on this node. See the module documentation.
@@ -75,6 +79,24 @@ pub struct Shares {
     /// Units of a key the driver has not set yet (the node's default share: `SCALE/N` at
     /// start, its fallback when its lease has expired).
     default_units: AtomicU64,
+    /// The lease on shared capacity, checked at every decision: see [`LeaseGate`].
+    gate: LeaseGate,
+}
+
+/// The lease on shared capacity as the deciding threads see it. The driver sets the units
+/// of the lease it holds and arms a timer at its end, but a process that was frozen
+/// (SIGSTOP, a stalled VM) runs the requests that queued meanwhile before any timer: each
+/// decision therefore reads the clock and, past the lease's end, enforces at most the
+/// fallback (`min(units, fallback)`), whatever the driver last wrote.
+#[derive(Debug)]
+struct LeaseGate {
+    /// The driver's clock origin (its `now` is nanoseconds since it, plus one).
+    origin: std::sync::OnceLock<tokio::time::Instant>,
+    /// The first instant (driver clock) at which the lease reads expired; `u64::MAX` while
+    /// no lease applies (no cluster, no heir, or the `last-share` fallback).
+    until: AtomicU64,
+    /// Units a node enforces per key once its lease has expired (its reservation).
+    fallback: AtomicU64,
 }
 
 impl Shares {
@@ -84,6 +106,47 @@ impl Shares {
         Self {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             default_units: AtomicU64::new(default_units),
+            gate: LeaseGate {
+                origin: std::sync::OnceLock::new(),
+                until: AtomicU64::new(u64::MAX),
+                fallback: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// Checks the lease at every decision from now on (see [`LeaseGate`]): `origin` is the
+    /// driver's clock origin (its time `t` is `origin + t − 1` ns), `fallback` the units per
+    /// key once the lease has expired. Set once; later calls change only `fallback`.
+    pub fn gate_lease(&self, origin: tokio::time::Instant, fallback: u64) {
+        let _ = self.gate.origin.set(origin);
+        self.gate.fallback.store(fallback, Ordering::Relaxed);
+    }
+
+    /// The lease now ends at `until` (driver clock; `None`: no lease applies).
+    pub fn set_lease_until(&self, until: Option<Nanos>) {
+        self.gate
+            .until
+            .store(until.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// `units`, capped by the fallback if the lease has ended by now.
+    fn gated(&self, units: u64) -> u64 {
+        let until = self.gate.until.load(Ordering::Acquire);
+        if until == u64::MAX {
+            return units;
+        }
+        let Some(origin) = self.gate.origin.get() else {
+            return units;
+        };
+        // The driver's clock (`nanos since origin + 1`): a clock read per decision, on the
+        // runtime's clock so that simulated time (the partition tests) agrees with it.
+        let now = u64::try_from(origin.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        if now >= until {
+            units.min(self.gate.fallback.load(Ordering::Relaxed))
+        } else {
+            units
         }
     }
 
@@ -147,6 +210,7 @@ impl Shares {
                 units_windowed: AtomicU64::new(0),
                 history: Mutex::new(VecDeque::new()),
                 hits: AtomicU64::new(0),
+                refused: std::sync::atomic::AtomicBool::new(false),
                 count: AtomicU64::new(count),
                 period: AtomicU64::new(period),
                 known: std::sync::atomic::AtomicBool::new(false),
@@ -175,6 +239,10 @@ impl Shares {
     /// What the node enforces for `e`: its units (for a windowed algorithm, the smallest
     /// over the last period), or the default while the driver has not set them.
     fn held(&self, e: &KeyShare, windowed: bool) -> u64 {
+        self.gated(self.held_ungated(e, windowed))
+    }
+
+    fn held_ungated(&self, e: &KeyShare, windowed: bool) -> u64 {
         if !e.known.load(Ordering::Acquire) {
             return self.default_units.load(Ordering::Relaxed);
         }
@@ -191,7 +259,7 @@ impl Shares {
     pub fn units(&self, key: u64) -> u64 {
         match self.shard(key).read().get(&key) {
             Some(e) => self.held(e, false),
-            None => self.default_units.load(Ordering::Relaxed),
+            None => self.gated(self.default_units.load(Ordering::Relaxed)),
         }
     }
 
@@ -200,7 +268,7 @@ impl Shares {
     pub fn units_windowed(&self, key: u64) -> u64 {
         match self.shard(key).read().get(&key) {
             Some(e) => self.held(e, true),
-            None => self.default_units.load(Ordering::Relaxed),
+            None => self.gated(self.default_units.load(Ordering::Relaxed)),
         }
     }
 
@@ -229,6 +297,7 @@ impl Shares {
                 units_windowed: AtomicU64::new(units),
                 history: Mutex::new(VecDeque::new()),
                 hits: AtomicU64::new(0),
+                refused: std::sync::atomic::AtomicBool::new(false),
                 // Unknown until the first hit; no hits, no demand.
                 count: AtomicU64::new(0),
                 period: AtomicU64::new(0),
@@ -274,11 +343,23 @@ impl Shares {
                     hits: e.hits.swap(0, Ordering::Relaxed),
                     count: e.count.load(Ordering::Relaxed),
                     period: e.period.load(Ordering::Relaxed),
+                    refused: e.refused.swap(false, Ordering::Relaxed),
                 });
             }
         }
         out.sort_unstable_by_key(|d| d.key);
         out
+    }
+
+    /// A request on `key` was refused (the engine tells it, only on refusals: admitted
+    /// requests write nothing more). Written only when not already set, so a key refused
+    /// at a high rate does not keep dirtying the line.
+    pub fn note_refused(&self, key: u64) {
+        if let Some(e) = self.shard(key).read().get(&key)
+            && !e.refused.load(Ordering::Relaxed)
+        {
+            e.refused.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Forgets `key` (idle); its next hit starts again from the default share.
@@ -356,9 +437,104 @@ pub fn cluster_key<'a>(domain: &str, entries: impl IntoIterator<Item = (&'a str,
     h
 }
 
+/// What the driver does with a key the engine saw, at a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyRole {
+    /// Its demand goes to the node, which divides it among the peers.
+    Coordinated,
+    /// It stays on the static split: the node serves it from its default share and tells
+    /// its peers nothing (a key with little traffic costs no coordination).
+    Light,
+    /// No hit and no coordination: forgotten (its next hit starts from the split).
+    Gone,
+}
+
+/// A key is coordinated once the node has state for it (its own demand or a peer's made
+/// it), or once the static split is not enough here: a request was refused, or more than
+/// one request came in a cycle at a rate above this node's split. A flood of keys seen once
+/// each (new client addresses) therefore never reaches the protocol: those keys live only
+/// in the engine's store, each node enforcing its static split of them.
+pub(crate) fn key_role(state: bool, hits: u64, refused: bool, rate: f64, split: f64) -> KeyRole {
+    if state || refused || (hits >= 2 && rate > split) {
+        KeyRole::Coordinated
+    } else if hits > 0 {
+        KeyRole::Light
+    } else {
+        KeyRole::Gone
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frozen process wakes with the driver's last units in place and requests queued: the
+    /// decisions must read the lease's end themselves (the driver's timer has not run yet).
+    #[test]
+    fn decisions_past_the_lease_enforce_the_fallback_before_the_driver_runs() {
+        let s = Shares::new(SCALE / 3);
+        let origin = tokio::time::Instant::now()
+            .checked_sub(std::time::Duration::from_millis(50))
+            .expect("a clock past its origin");
+        s.gate_lease(origin, SCALE / 10);
+        s.set(7, SCALE / 2, 1);
+        // A lease running for another second: the driver's units.
+        s.set_lease_until(Some(1_000_000_000));
+        assert_eq!(s.on_hit(7, 100, 1_000_000_000, 1), SCALE / 2);
+        assert_eq!(s.units(8), SCALE / 3, "a key without state: the default");
+        // The lease ended 40 ms ago (driver clock: 10 ms after its origin); nobody told the
+        // shares: every decision caps at the fallback, known key or not.
+        s.set_lease_until(Some(10_000_000));
+        assert_eq!(s.on_hit(7, 100, 1_000_000_000, 1), SCALE / 10);
+        assert_eq!(s.units(7), SCALE / 10);
+        assert_eq!(s.units_windowed(7), SCALE / 10);
+        assert_eq!(s.units(8), SCALE / 10);
+        // Renewed: the units again.
+        s.set_lease_until(Some(10_000_000_000));
+        assert_eq!(s.units(7), SCALE / 2);
+        // No lease applies (no heir, or the `last-share` fallback): never capped.
+        s.set_lease_until(None);
+        assert_eq!(s.units(7), SCALE / 2);
+    }
+
+    /// Keys seen once each stay on the static split; a refusal, or a rate above the split
+    /// over more than one request, makes a key coordinated; state keeps it so; a light key
+    /// without hits is forgotten.
+    #[test]
+    fn only_keys_the_split_cannot_serve_are_coordinated() {
+        let split = (SCALE / 3) as f64;
+        // One request in a cycle reads as a high rate; it is still served by the split.
+        assert_eq!(
+            key_role(false, 1, false, split * 1.5, split),
+            KeyRole::Light
+        );
+        assert_eq!(
+            key_role(false, 1, true, split * 1.5, split),
+            KeyRole::Coordinated
+        );
+        assert_eq!(
+            key_role(false, 5, false, split * 1.1, split),
+            KeyRole::Coordinated
+        );
+        assert_eq!(
+            key_role(false, 5, false, split * 0.9, split),
+            KeyRole::Light
+        );
+        assert_eq!(key_role(true, 0, false, 0.0, split), KeyRole::Coordinated);
+        assert_eq!(key_role(false, 0, false, 0.0, split), KeyRole::Gone);
+    }
+
+    #[test]
+    fn without_a_gate_the_units_are_the_drivers() {
+        let s = Shares::new(SCALE / 3);
+        s.set(7, SCALE / 2, 1);
+        s.set_lease_until(Some(0));
+        assert_eq!(
+            s.units(7),
+            SCALE / 2,
+            "no cluster clock given: nothing to check"
+        );
+    }
 
     #[test]
     fn floors_never_add_up_to_more_than_the_count() {
@@ -409,7 +585,8 @@ mod tests {
                 key: 7,
                 hits: 5,
                 count: 10,
-                period: 1_000
+                period: 1_000,
+                refused: false,
             }]
         );
         assert_eq!(s.drain()[0].hits, 0);

@@ -212,9 +212,10 @@ fn within(a: &(Vec<(String, f64)>, f64), b: &(Vec<(String, f64)>, f64), units: u
 async fn unauthenticated_datagrams_are_rejected_and_counted() {
     let nodes = start(2).await;
     let target = nodes[0].cluster.local_addr().unwrap();
-    // A key with state on both nodes, then no demand: the shares settle and stay.
+    // A key with state on both nodes (demand above the static split: coordinated), then no
+    // demand: the shares settle and stay.
     let l = LIMIT as f64;
-    load(&nodes, &[0.2 * l, 0.2 * l], 0.5, 0.0).await;
+    load(&nodes, &[0.6 * l, 0.6 * l], 0.5, 0.0).await;
     let mut settled = shares_of(&nodes[0]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -314,12 +315,14 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
 }
 
 /// A node that shuts down hands its capacity to its heir: the survivor ends up holding the
-/// whole limit (seed 003 §IV), without waiting for a lease to expire.
+/// whole limit of a coordinated key (seed 003 §IV), without waiting for a lease to expire.
+/// (A key the static split served, never coordinated, is in the leaver's default share,
+/// which reaches the heir as a dead node's does.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_leave_hands_the_share_over() {
     let mut nodes = start(2).await;
     let l = LIMIT as f64;
-    load(&nodes, &[0.3 * l, 0.3 * l], 1.0, 0.0).await;
+    load(&nodes, &[0.6 * l, 0.6 * l], 1.0, 0.0).await;
     let leaver = nodes.pop().unwrap();
     let _ = leaver.stop.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), leaver.task)
