@@ -4,13 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The Redis backend's tests run against a real redis-server (and redis-cli for the cluster).
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "== installing redis-server and redis-tools"
+# The Redis backend's tests run against a real redis-server (and redis-cli for the cluster);
+# the chaos suite (crates/sluice/tests/chaos) cuts links between real daemons with iptables
+# on loopback and signals them with kill (procps).
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v redis-cli >/dev/null 2>&1 || missing="$missing redis-tools"
+command -v iptables >/dev/null 2>&1 || missing="$missing iptables"
+command -v kill >/dev/null 2>&1 || missing="$missing procps"
+if [ -n "$missing" ]; then
+  echo "== installing$missing"
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+  # shellcheck disable=SC2086 # one word per package
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
 fi
 
 echo "== rustfmt"

@@ -1,0 +1,688 @@
+//! Real `sluice serve` processes on 127.0.0.1 and a client that counts what they admit.
+//!
+//! A [`Cluster`] starts `n` nodes sharing one `coordination: cluster` rule (GCRA, `LIMIT`
+//! per second, burst `BURST`), with or without state files, and can kill -9, restart,
+//! SIGSTOP and SIGCONT them. A [`Load`] sends requests to chosen nodes at chosen rates, each
+//! node through a few keep-alive HTTP connections, and records the instant of every answer;
+//! [`Record`] turns that into what an SRE measures: admitted per sliding 1 s window against
+//! `L + burst`, over-throttling, and the longest time the cluster admitted (nearly) nothing.
+#![allow(dead_code)] // each scenario uses a part of the harness
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The rule: `LIMIT` requests per second across the cluster, GCRA with `BURST`.
+pub(crate) const LIMIT: u64 = 1_000;
+pub(crate) const BURST: u64 = 100;
+pub(crate) const CYCLE_MS: u64 = 100;
+pub(crate) const LEASE_MS: u64 = 1_000;
+
+/// One HTTP/1.1 exchange on a fresh connection: (status, body).
+pub(crate) fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split(' ').nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
+    Some((status, body))
+}
+
+/// A keep-alive HTTP/1.1 connection that posts the same request again and again.
+struct Conn {
+    addr: SocketAddr,
+    stream: Option<BufReader<TcpStream>>,
+}
+
+impl Conn {
+    fn new(addr: SocketAddr) -> Self {
+        Self { addr, stream: None }
+    }
+
+    /// Posts `body` to `/json`; the status, or `None` if the node did not answer.
+    fn post(&mut self, body: &str, timeout: Duration) -> Option<u16> {
+        for _ in 0..2 {
+            if self.stream.is_none() {
+                let s = TcpStream::connect_timeout(&self.addr, Duration::from_millis(300)).ok()?;
+                s.set_nodelay(true).ok()?;
+                s.set_read_timeout(Some(timeout)).ok()?;
+                self.stream = Some(BufReader::new(s));
+            }
+            let r = self.exchange(body);
+            if r.is_some() {
+                return r;
+            }
+            self.stream = None; // closed by the server, or broken: once more on a new one
+        }
+        None
+    }
+
+    fn exchange(&mut self, body: &str) -> Option<u16> {
+        let s = self.stream.as_mut()?;
+        write!(
+            s.get_mut(),
+            "POST /json HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?;
+        let mut line = String::new();
+        s.read_line(&mut line).ok()?;
+        let status: u16 = line.split(' ').nth(1)?.parse().ok()?;
+        let mut len = 0usize;
+        loop {
+            line.clear();
+            if s.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                len = v.trim().parse().ok()?;
+            }
+        }
+        let mut rest = vec![0u8; len];
+        s.read_exact(&mut rest).ok()?;
+        Some(status)
+    }
+}
+
+/// How a node is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// With `--state-file`.
+    StateFile,
+    /// The same command line every time, no state file.
+    Plain,
+}
+
+pub(crate) struct Node {
+    pub(crate) http: SocketAddr,
+    child: Child,
+}
+
+pub(crate) struct Cluster {
+    pub(crate) dir: PathBuf,
+    peers: Vec<SocketAddr>,
+    /// Each node's (HTTP, gRPC) addresses, kept across restarts so its clients find it.
+    addrs: Vec<(SocketAddr, SocketAddr)>,
+    nodes: Vec<Option<Node>>,
+    start: Start,
+    /// Extra `sluice serve` arguments.
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    /// `n` nodes, every one started and healthy.
+    pub(crate) fn new(name: &str, n: usize, start: Start) -> Self {
+        Self::with_rules(name, n, start, &rule_yaml(), &[])
+    }
+
+    pub(crate) fn with_rules(
+        name: &str,
+        n: usize,
+        start: Start,
+        yaml: &str,
+        extra: &[&str],
+    ) -> Self {
+        let dir = std::env::temp_dir().join(format!("sluice-chaos-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("limits.yaml"), yaml).unwrap();
+        // Every port is held until all are chosen: a port given back at once may be handed
+        // out again by the next request for a free one.
+        let local = |p| SocketAddr::from(([127, 0, 0, 1], p));
+        let udp: Vec<_> = (0..n)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let tcp: Vec<_> = (0..2 * n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let port = |a: std::io::Result<SocketAddr>| a.unwrap().port();
+        let peers = udp.iter().map(|s| local(port(s.local_addr()))).collect();
+        let addrs = (0..n)
+            .map(|i| {
+                (
+                    local(port(tcp[2 * i].local_addr())),
+                    local(port(tcp[2 * i + 1].local_addr())),
+                )
+            })
+            .collect();
+        drop((udp, tcp));
+        let mut c = Self {
+            dir,
+            peers,
+            addrs,
+            nodes: (0..n).map(|_| None).collect(),
+            start,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        for i in 0..n {
+            c.start(i);
+        }
+        for i in 0..n {
+            c.wait_healthy(i);
+        }
+        c
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn start(&mut self, id: usize) {
+        let (http, grpc) = self.addrs[id];
+        let peers: Vec<String> = (0..self.peers.len())
+            .filter(|&j| j != id)
+            .map(|j| format!("{j}={}", self.peers[j]))
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("node{id}.log")))
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.args(["serve", "--config"])
+            .arg(self.dir.join("limits.yaml"))
+            .args(["--grpc-addr", &grpc.to_string()])
+            .args(["--http-addr", &http.to_string()])
+            .args(["--peer-addr", &self.peers[id].to_string()])
+            .args(["--node-id", &id.to_string(), "--peers", &peers.join(",")])
+            .args(["--cycle", &format!("{CYCLE_MS}ms")])
+            .args(["--lease", &format!("{LEASE_MS}ms")])
+            .args(["--fallback", "none", "--watch", "off"])
+            .args(&self.extra)
+            .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.start == Start::StateFile {
+            cmd.arg("--state-file")
+                .arg(self.dir.join(format!("node{id}.incarnation")));
+        }
+        self.nodes[id] = Some(Node {
+            http,
+            child: cmd.spawn().unwrap(),
+        });
+    }
+
+    pub(crate) fn node(&self, id: usize) -> &Node {
+        self.nodes[id].as_ref().expect("node is running")
+    }
+
+    pub(crate) fn running(&self, id: usize) -> bool {
+        self.nodes[id].is_some()
+    }
+
+    /// The node's HTTP address (the same across its restarts).
+    pub(crate) fn addr(&self, id: usize) -> SocketAddr {
+        self.addrs[id].0
+    }
+
+    pub(crate) fn wait_healthy(&self, id: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if http(self.addr(id), "GET", "/healthz", "").is_some_and(|r| r.0 == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "node {id} did not become healthy; its log:\n{}",
+            self.log(id)
+        );
+    }
+
+    /// kill -9: no goodbye, no handover.
+    pub(crate) fn kill(&mut self, id: usize) {
+        let mut n = self.nodes[id].take().expect("node is running");
+        n.child.kill().unwrap();
+        let _ = n.child.wait();
+    }
+
+    pub(crate) fn signal(&self, id: usize, sig: &str) {
+        let pid = self.node(id).child.id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -{sig} {pid}");
+    }
+
+    pub(crate) fn log(&self, id: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("node{id}.log"))).unwrap_or_default()
+    }
+
+    /// `/v1/cluster` of a running node.
+    pub(crate) fn status(&self, id: usize) -> Option<serde_json::Value> {
+        let (code, body) = http(self.addr(id), "GET", "/v1/cluster", "")?;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    /// The node's share of the rule's key (its default share if it has no state for it).
+    pub(crate) fn share(&self, id: usize) -> Option<f64> {
+        let v = self.status(id)?;
+        v["keys"]
+            .as_array()
+            .and_then(|k| {
+                k.iter()
+                    .find(|k| k["rule"].is_string() || k["share"].is_number())
+            })
+            .and_then(|k| k["share"].as_f64())
+            .or_else(|| v["default_share"].as_f64())
+    }
+
+    pub(crate) fn incarnation(&self, id: usize) -> Option<u64> {
+        self.status(id)?["incarnation"].as_u64()
+    }
+
+    /// Σ shares over the running nodes (`None` if one does not answer).
+    pub(crate) fn total_share(&self) -> Option<f64> {
+        (0..self.len())
+            .filter(|&i| self.running(i))
+            .map(|i| self.share(i))
+            .sum()
+    }
+
+    /// Resident memory of a running node, bytes.
+    pub(crate) fn rss(&self, id: usize) -> Option<u64> {
+        let pid = self.node(id).child.id();
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kb: u64 = s
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.nodes.iter_mut().flatten() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &n.child.id().to_string()])
+                .status();
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// The rule every scenario uses, per `tenant` value.
+pub(crate) fn rule_yaml() -> String {
+    format!(
+        "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: {LIMIT}\n      algorithm: gcra\n      burst: {BURST}\n      \
+         coordination: cluster\n"
+    )
+}
+
+pub(crate) fn body(tenant: &str) -> String {
+    format!(
+        r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}]}}]}}"#
+    )
+}
+
+/// One answer: when it came (since the load's start), from which node, and whether it
+/// admitted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer {
+    pub(crate) at: Duration,
+    pub(crate) node: usize,
+    pub(crate) ok: bool,
+}
+
+/// Requests sent at fixed rates to chosen nodes until stopped, each node through `conns`
+/// keep-alive connections (open loop per connection: a late request is sent at once, one at
+/// a time, so a frozen node sees its clients' requests queue up as a real one would).
+pub(crate) struct Load {
+    pub(crate) origin: Instant,
+    stop: Arc<AtomicBool>,
+    answers: Arc<Mutex<Vec<Answer>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `rates[i] = (node, address, requests per second)`, every request for `tenant`.
+    pub(crate) fn start(rates: &[(usize, SocketAddr, f64)], conns: usize, tenant: &str) -> Self {
+        let body = body(tenant);
+        Self::start_with(rates, conns, move |_| body.clone())
+    }
+
+    /// As [`Load::start`], the `k`-th request of a connection carrying `make(k · conns +
+    /// connection index)` (e.g. a new key every time).
+    pub(crate) fn start_with(
+        rates: &[(usize, SocketAddr, f64)],
+        conns: usize,
+        make: impl Fn(u64) -> String + Send + Sync + 'static,
+    ) -> Self {
+        let make = Arc::new(make);
+        let origin = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for &(node, addr, rate) in rates {
+            if rate <= 0.0 {
+                continue;
+            }
+            for c in 0..conns {
+                let (stop, answers, make) = (stop.clone(), answers.clone(), make.clone());
+                let salt = (node * conns + c) as u64;
+                let stride = (rates.len() * conns) as u64;
+                let gap = Duration::from_secs_f64(conns as f64 / rate);
+                // Spread the connections' schedules over one gap.
+                let offset = gap.mul_f64(c as f64 / conns as f64);
+                threads.push(std::thread::spawn(move || {
+                    let mut conn = Conn::new(addr);
+                    let mut due = origin + offset;
+                    let mut mine = Vec::new();
+                    let mut k = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = make(k * stride + salt);
+                        k += 1;
+                        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        due += gap;
+                        let status = conn.post(&body, Duration::from_secs(10));
+                        let at = origin.elapsed();
+                        if let Some(s) = status {
+                            mine.push(Answer {
+                                at,
+                                node,
+                                ok: s == 200,
+                            });
+                        } else {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if mine.len() >= 256 {
+                            answers.lock().unwrap().append(&mut mine);
+                        }
+                    }
+                    answers.lock().unwrap().append(&mut mine);
+                }));
+            }
+        }
+        Self {
+            origin,
+            stop,
+            answers,
+            threads,
+        }
+    }
+
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    pub(crate) fn finish(self) -> Record {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let mut answers = std::mem::take(&mut *self.answers.lock().unwrap());
+        answers.sort_by_key(|a| a.at);
+        Record {
+            answers,
+            end: self.origin.elapsed(),
+        }
+    }
+}
+
+/// What a load saw.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub(crate) answers: Vec<Answer>,
+    pub(crate) end: Duration,
+}
+
+impl Record {
+    /// The admitted instants (sorted).
+    fn admitted(&self) -> Vec<Duration> {
+        self.answers.iter().filter(|a| a.ok).map(|a| a.at).collect()
+    }
+
+    /// The most admitted in any sliding window of `width` within `[from, to)`, and where
+    /// that window starts.
+    pub(crate) fn max_window(
+        &self,
+        width: Duration,
+        from: Duration,
+        to: Duration,
+    ) -> (u64, Duration) {
+        let t: Vec<Duration> = self
+            .admitted()
+            .into_iter()
+            .filter(|&a| a >= from && a < to)
+            .collect();
+        let (mut best, mut at, mut j) = (0u64, from, 0usize);
+        for i in 0..t.len() {
+            while t[i] - t[j] >= width {
+                j += 1;
+            }
+            let n = (i - j + 1) as u64;
+            if n > best {
+                best = n;
+                at = t[j];
+            }
+        }
+        (best, at)
+    }
+
+    /// The least admitted in any sliding window of `width` that lies within `[from, to)`
+    /// (windows stepped every 10 ms).
+    pub(crate) fn min_window(
+        &self,
+        width: Duration,
+        from: Duration,
+        to: Duration,
+    ) -> (u64, Duration) {
+        let t = self.admitted();
+        let mut best = (u64::MAX, from);
+        let mut s = from;
+        while s + width <= to {
+            let lo = t.partition_point(|&a| a < s);
+            let hi = t.partition_point(|&a| a < s + width);
+            let n = (hi - lo) as u64;
+            if n < best.0 {
+                best = (n, s);
+            }
+            s += Duration::from_millis(10);
+        }
+        best
+    }
+
+    /// Admitted within `[from, to)`.
+    pub(crate) fn admitted_in(&self, from: Duration, to: Duration) -> u64 {
+        self.answers
+            .iter()
+            .filter(|a| a.ok && a.at >= from && a.at < to)
+            .count() as u64
+    }
+
+    /// Answered (admitted or refused) within `[from, to)`.
+    pub(crate) fn answered_in(&self, from: Duration, to: Duration) -> u64 {
+        self.answers
+            .iter()
+            .filter(|a| a.at >= from && a.at < to)
+            .count() as u64
+    }
+
+    /// Over-throttling within `[from, to)` given what was asked: the fraction of
+    /// `min(asked, L)` per second that was not admitted (whole seconds from `from`).
+    pub(crate) fn over_throttling(&self, from: Duration, to: Duration, limit: f64) -> f64 {
+        let (mut missing, mut wanted) = (0.0, 0.0);
+        let mut s = from;
+        while s + Duration::from_secs(1) <= to {
+            let e = s + Duration::from_secs(1);
+            let asked = self.answered_in(s, e) as f64;
+            let got = self.admitted_in(s, e) as f64;
+            let want = asked.min(limit);
+            wanted += want;
+            missing += (want - got).max(0.0);
+            s = e;
+        }
+        if wanted == 0.0 { 0.0 } else { missing / wanted }
+    }
+
+    /// The first instant after `from` from which every sliding 1 s window up to `to`
+    /// admits at least `floor`.
+    pub(crate) fn recovered_at(
+        &self,
+        from: Duration,
+        to: Duration,
+        floor: u64,
+    ) -> Option<Duration> {
+        let t = self.admitted();
+        let w = Duration::from_secs(1);
+        let mut s = to.checked_sub(w)?;
+        let mut last_ok = None;
+        // Walk back from the end while windows hold the floor.
+        while s >= from {
+            let lo = t.partition_point(|&a| a < s);
+            let hi = t.partition_point(|&a| a < s + w);
+            if ((hi - lo) as u64) < floor {
+                break;
+            }
+            last_ok = Some(s);
+            match s.checked_sub(Duration::from_millis(10)) {
+                Some(p) => s = p,
+                None => break,
+            }
+        }
+        last_ok
+    }
+}
+
+/// Prints one scenario's line of results.
+pub(crate) fn report(name: &str, fields: &[(&str, String)]) {
+    let mut line = format!("chaos {name}:");
+    for (k, v) in fields {
+        line.push_str(&format!(" {k}={v}"));
+    }
+    eprintln!("{line}");
+}
+
+/// Datagrams the kernel dropped at the UDP socket bound to 127.0.0.1:`port` (its receive
+/// buffer was full), from `/proc/net/udp`.
+pub(crate) fn udp_drops(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    let want = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&want.as_str())).then(|| f.last()?.parse().ok())?
+    })
+}
+
+impl Cluster {
+    /// The peer (UDP) port of node `id`.
+    pub(crate) fn peer_port(&self, id: usize) -> u16 {
+        self.peers[id].port()
+    }
+}
+
+/// Cuts between nodes' peer sockets with iptables on loopback: a chain of this process's
+/// own, jumped to from INPUT, flushed and removed when dropped.
+pub(crate) struct Cuts {
+    chain: String,
+}
+
+impl Cuts {
+    /// `None` (with a note) where iptables cannot be used (not root, no netfilter).
+    pub(crate) fn new() -> Option<Self> {
+        let chain = format!("SLUICE_CHAOS_{}", std::process::id());
+        let ok = |args: &[&str]| {
+            Command::new("iptables")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ok(&["-N", &chain]) {
+            eprintln!("chaos: iptables is not usable here (install it and run as root): skipped");
+            return None;
+        }
+        if !ok(&["-I", "INPUT", "-j", &chain]) {
+            ok(&["-X", &chain]);
+            eprintln!("chaos: cannot hook an iptables chain into INPUT: skipped");
+            return None;
+        }
+        Some(Self { chain })
+    }
+
+    fn rule(&self, from: u16, to: u16, probability: Option<f64>) {
+        let (f, t) = (from.to_string(), to.to_string());
+        let mut args = vec!["-A", &self.chain, "-p", "udp", "--sport", &f, "--dport", &t];
+        let p = probability.map(|p| format!("{p}"));
+        if let Some(p) = &p {
+            args.extend(["-m", "statistic", "--mode", "random", "--probability", p]);
+        }
+        args.extend(["-j", "DROP"]);
+        let s = Command::new("iptables").args(&args).status().unwrap();
+        assert!(s.success(), "iptables {args:?}");
+    }
+
+    /// Drops every datagram between the two groups, both ways.
+    pub(crate) fn cut(&self, c: &Cluster, a: &[usize], b: &[usize]) {
+        for &i in a {
+            for &j in b {
+                self.rule(c.peer_port(i), c.peer_port(j), None);
+                self.rule(c.peer_port(j), c.peer_port(i), None);
+            }
+        }
+    }
+
+    /// Drops datagrams from `from` to `to` (one way) with probability `p`.
+    pub(crate) fn lose(&self, c: &Cluster, from: usize, to: usize, p: f64) {
+        self.rule(c.peer_port(from), c.peer_port(to), Some(p));
+    }
+
+    /// Removes every cut.
+    pub(crate) fn heal(&self) {
+        let _ = Command::new("iptables").args(["-F", &self.chain]).status();
+    }
+}
+
+impl Drop for Cuts {
+    fn drop(&mut self) {
+        let q = |args: &[&str]| {
+            let _ = Command::new("iptables")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        q(&["-F", &self.chain]);
+        q(&["-D", "INPUT", "-j", &self.chain]);
+        q(&["-X", &self.chain]);
+    }
+}

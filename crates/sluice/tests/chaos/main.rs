@@ -1,0 +1,499 @@
+//! The chaos suite: real `sluice serve` processes on 127.0.0.1 (one GCRA rule of 1,000/s,
+//! burst 100, lease 1 s, cycle 100 ms, `--fallback none`), a client that counts what they
+//! admit in sliding 1 s windows, and the operations an SRE performs: kill -9 and restart
+//! with and without a state file, crashes after earlier restarts, SIGSTOP/SIGCONT around
+//! the lease.
+//!
+//! Every scenario asserts the guarantees, not that code ran: no 1 s window admits more than
+//! `L + burst`, and the cluster is back at its whole limit within the stated bound after the
+//! last failure (no outage). The short scenarios run with the rest of the tests;
+//! `scripts/chaos.sh` runs them all and prints their figures.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::{BURST, Cluster, LEASE_MS, LIMIT, Load, Record, Start, report};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// One scenario at a time: each runs three daemons and a client that must keep its pace.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `scripts/chaos.sh` sets `CHAOS_LONG=1`: longer scenarios, more keys.
+fn long() -> bool {
+    std::env::var_os("CHAOS_LONG").is_some()
+}
+
+/// Demand per node: 1.6 L in all, skewed 50/30/20 so that shares must move.
+fn skewed(c: &Cluster) -> Vec<(usize, std::net::SocketAddr, f64)> {
+    let l = LIMIT as f64;
+    [0.5, 0.3, 0.2]
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| c.running(i))
+        .map(|(i, f)| (i, c.addr(i), 1.6 * l * f))
+        .collect()
+}
+
+/// The most any 1 s window may admit: the limit's rate plus the rule's burst (each node's
+/// part of the burst is rounded up to at least 1).
+fn window_bound(nodes: usize) -> u64 {
+    LIMIT + BURST + nodes as u64
+}
+
+/// 90 % of what the cluster should admit once `victim` is gone: the demand left (1.6 L split
+/// by `fractions`, less the victim's), up to the limit.
+fn floor_without(fractions: &[f64], victim: usize) -> u64 {
+    let left: f64 = fractions
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != victim)
+        .map(|(_, f)| 1.6 * f)
+        .sum();
+    (0.9 * left.min(1.0) * LIMIT as f64) as u64
+}
+
+/// Asserts the nodes' shares, read at the end, add up to the whole limit (and no more).
+fn assert_whole(name: &str, shares: Option<f64>, who: &str) {
+    let s = shares.unwrap_or_else(|| panic!("{name}: not {who}"));
+    assert!(
+        (0.99..=1.0 + 1e-9).contains(&s),
+        "{name}: shares add up to {s}"
+    );
+}
+
+/// Asserts no 1 s window of `r` admitted more than `L + burst`.
+fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
+    let (most, at) = r.max_window(SEC, Duration::ZERO, r.end);
+    assert!(
+        most <= window_bound(nodes),
+        "{name}: {most} admitted in the 1 s window from {at:?} (bound {})",
+        window_bound(nodes)
+    );
+    most
+}
+
+/// 3 nodes with state files. kill -9 node 0 and restart it; later kill -9 node 1. The
+/// cluster must come back to admitting its whole limit and stay there (it used to end with
+/// nodes 0 and 2 each other's heirs, both leases expired for good: 0 requests/s).
+#[test]
+fn restart_then_crash_recovers() {
+    if long() {
+        // Every order: which node restarts, which one crashes later.
+        for (restarted, crashed) in [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1), (0, 0)] {
+            restart_then_crash(Start::StateFile, restarted, crashed);
+            restart_then_crash(Start::Plain, restarted, crashed);
+        }
+    } else {
+        restart_then_crash(Start::StateFile, 0, 1);
+    }
+}
+
+/// The same with the same command line on every start and no state file.
+#[test]
+fn restart_then_crash_recovers_without_state_file() {
+    restart_then_crash(Start::Plain, 0, 1);
+}
+
+fn restart_then_crash(start: Start, restarted: usize, victim: usize) {
+    let _one = serial();
+    let name = &format!("restart-{restarted}-then-crash-{victim}-{start:?}").to_lowercase();
+    let mut c = Cluster::new(name, 3, start);
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    c.kill(restarted);
+    std::thread::sleep(Duration::from_millis(500));
+    c.start(restarted);
+    c.wait_healthy(restarted);
+    let restarted_at = load.elapsed();
+    std::thread::sleep(4 * SEC);
+    // The victim dies; its clients are gone, the others' go on.
+    let inc0 = c.incarnation(restarted);
+    c.kill(victim);
+    let crashed = load.elapsed();
+    std::thread::sleep(8 * SEC);
+    let shares = c.total_share();
+    let statuses: Vec<String> = (0..3)
+        .filter(|&i| c.running(i))
+        .map(|i| {
+            format!(
+                "node {i}: {}",
+                c.status(i).map(|v| v.to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    // The demand left (the crashed node's clients are gone), up to the limit.
+    let bound = Duration::from_millis(LEASE_MS * 3);
+    let floor = floor_without(&[0.5, 0.3, 0.2], victim);
+    let back = r.recovered_at(crashed, r.end, floor);
+    let (least, least_at) = r.min_window(SEC, crashed + bound, r.end);
+    report(
+        name,
+        &[
+            ("incarnation_after_restart", format!("{inc0:?}")),
+            ("max_1s_window", most.to_string()),
+            ("restart_at", format!("{restarted_at:.1?}")),
+            (
+                "recovered_after_crash",
+                format!("{:?}", back.map(|b| b.saturating_sub(crashed))),
+            ),
+            ("least_1s_window_after_bound", least.to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        back.is_some_and(|b| b <= crashed + bound),
+        "{name}: not back at {floor}/s within {bound:?} of the crash \
+         (least window {least} at {least_at:?}); status:\n{}",
+        statuses.join("\n")
+    );
+    assert_whole(name, shares, "both survivors answer");
+}
+
+/// A node frozen with SIGSTOP for twice its lease while its clients' requests queue up, then
+/// SIGCONT. Its heir takes its share over after `lease·(1+ρ)²`; the frozen node, woken,
+/// must decide its queued requests on the lease it no longer holds: the fallback (none).
+/// It used to admit them all on its old share, on top of what its heir admitted with it.
+#[test]
+fn a_frozen_node_admits_nothing_on_its_expired_lease() {
+    let _one = serial();
+    let name = "sigstop";
+    let c = Cluster::new(name, 3, Start::StateFile);
+    let l = LIMIT as f64;
+    // Node 0 holds most of the limit (its demand is most of it), the others keep the rest busy.
+    let rates = [
+        (0, c.addr(0), 0.7 * l),
+        (1, c.addr(1), 0.3 * l),
+        (2, c.addr(2), 0.3 * l),
+    ];
+    let load = Load::start(&rates, 16, "acme");
+    std::thread::sleep(4 * SEC);
+    let share0 = c.share(0);
+    c.signal(0, "STOP");
+    let stopped = load.elapsed();
+    std::thread::sleep(Duration::from_millis(LEASE_MS * 2));
+    c.signal(0, "CONT");
+    let resumed = load.elapsed();
+    std::thread::sleep(4 * SEC);
+    let r = load.finish();
+    // What node 0 answered in the first 100 ms after it woke: its queued requests.
+    let woke = resumed + Duration::from_millis(100);
+    let queued: Vec<_> = r
+        .answers
+        .iter()
+        .filter(|a| a.node == 0 && a.at >= resumed && a.at < woke)
+        .collect();
+    let queued_ok = queued.iter().filter(|a| a.ok).count();
+    let most = assert_no_overshoot(name, &r, 3);
+    report(
+        name,
+        &[
+            ("share_before", format!("{share0:?}")),
+            ("stopped_at", format!("{stopped:.1?}")),
+            ("queued_answers", queued.len().to_string()),
+            ("queued_admitted", queued_ok.to_string()),
+            ("max_1s_window", most.to_string()),
+        ],
+    );
+    assert!(
+        queued.len() >= 8,
+        "{name}: only {} requests were queued at the frozen node",
+        queued.len()
+    );
+    assert_eq!(
+        queued_ok,
+        0,
+        "{name}: the frozen node admitted {queued_ok} of {} queued requests on its expired lease",
+        queued.len()
+    );
+}
+
+/// Three nodes started with the same command line and no state file: each takes its
+/// incarnation from the clock and holds nothing it cannot prove, and the capacity audit
+/// mints the whole limit. The cluster must serve its limit within a few seconds, and a
+/// node restarted with the same command line comes back as a larger incarnation.
+#[test]
+fn a_cluster_without_state_files_starts_and_restarts_safely() {
+    let _one = serial();
+    let name = "plain-start";
+    let mut c = Cluster::new(name, 3, Start::Plain);
+    let inc = c.incarnation(2).unwrap();
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(4 * SEC);
+    c.kill(2);
+    c.start(2);
+    c.wait_healthy(2);
+    let restarted = load.elapsed();
+    let inc_after = c.incarnation(2).unwrap();
+    std::thread::sleep(5 * SEC);
+    let shares = c.total_share();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let served = r.recovered_at(Duration::ZERO, restarted, LIMIT * 9 / 10);
+    report(
+        name,
+        &[
+            ("incarnations", format!("{inc} -> {inc_after}")),
+            ("serving_limit_from", format!("{served:?}")),
+            ("max_1s_window", most.to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        inc > 1 && inc_after > inc,
+        "incarnations {inc} -> {inc_after}"
+    );
+    assert!(
+        served.is_some_and(|s| s <= 3 * SEC),
+        "{name}: the fresh cluster served 90 % of its limit only from {served:?}"
+    );
+    assert_whole(name, shares, "every node answers");
+}
+
+/// A busy tenant key next to a flood of new `remote_address` keys (a new key at every
+/// request, 3,000/s across the cluster) on a per-address cluster rule. The busy key must keep
+/// its fair admission (its demand is above the limit: the whole limit) during and after the
+/// flood, no datagram may be dropped, and no node may restart itself.
+#[test]
+fn a_key_flood_leaves_a_busy_key_alone() {
+    if long() {
+        // 1,000,000 keys at 5,000 new keys/s.
+        key_flood("key-flood-long", 200, 5_000.0 / 3.0);
+    } else {
+        key_flood("key-flood", 6, 700.0);
+    }
+}
+
+fn key_flood(name: &str, secs: u64, per_node: f64) {
+    let _one = serial();
+    let yaml = format!(
+        "{}  - key: remote_address\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: 20\n      algorithm: gcra\n      burst: 5\n      \
+         coordination: cluster\n",
+        harness::rule_yaml()
+    );
+    let c = Cluster::with_rules(name, 3, Start::StateFile, &yaml, &[]);
+    let incs: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
+    let busy = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    let flood_from = busy.elapsed();
+    let rates: Vec<_> = (0..3).map(|i| (i, c.addr(i), per_node)).collect();
+    let flood = Load::start_with(&rates, 4, |k| {
+        format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
+            (k >> 16) & 255,
+            (k >> 8) & 255,
+            k & 255
+        )
+    });
+    std::thread::sleep(SEC * secs as u32);
+    let flooded = flood.finish();
+    let flood_to = busy.elapsed();
+    let rss: Vec<_> = (0..3).map(|i| c.rss(i).unwrap_or(0) / 1024).collect();
+    std::thread::sleep(4 * SEC);
+    let r = busy.finish();
+    let drops: u64 = (0..3)
+        .filter_map(|i| harness::udp_drops(c.peer_port(i)))
+        .sum();
+    let incs_after: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
+    let keys = flooded.answers.len();
+    let floor = LIMIT * 95 / 100;
+    let (least_during, at) = r.min_window(SEC, flood_from, flood_to);
+    let (least_after, at_after) = r.min_window(SEC, flood_to, r.end);
+    let most = assert_no_overshoot(name, &r, 3);
+    report(
+        name,
+        &[
+            ("flood_keys", keys.to_string()),
+            ("busy_least_1s_during", least_during.to_string()),
+            ("busy_least_1s_after", least_after.to_string()),
+            ("busy_max_1s", most.to_string()),
+            ("udp_drops", drops.to_string()),
+            ("rss_kib", format!("{rss:?}")),
+            ("incarnations", format!("{incs:?} -> {incs_after:?}")),
+        ],
+    );
+    assert_eq!(incs, incs_after, "{name}: a node restarted itself");
+    assert_eq!(
+        drops, 0,
+        "{name}: the kernel dropped {drops} peer datagrams"
+    );
+    assert!(
+        least_during >= floor,
+        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood"
+    );
+    assert!(
+        least_after >= floor,
+        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood"
+    );
+}
+
+/// Demand per node for `n` nodes: 1.6 L in all, node `i` asking twice what node `i + 1` does.
+fn skewed_n(c: &Cluster) -> Vec<(usize, std::net::SocketAddr, f64)> {
+    let n = c.len();
+    let weights: Vec<f64> = (0..n).map(|i| 2f64.powi((n - 1 - i) as i32)).collect();
+    let total: f64 = weights.iter().sum();
+    (0..n)
+        .filter(|&i| c.running(i))
+        .map(|i| (i, c.addr(i), 1.6 * LIMIT as f64 * weights[i] / total))
+        .collect()
+}
+
+/// Four nodes cut 2|2 for three leases, healed, and three seconds later node 1 crashes.
+/// Each side enforces at most what it holds (never above L in all); the cluster must be back
+/// at its whole limit within the bound after the crash (it used to stay at 173/s).
+#[test]
+fn a_crash_after_a_healed_partition_recovers() {
+    let targets: &[usize] = if long() { &[0, 1, 2, 3] } else { &[1] };
+    for &crashed in targets {
+        partition_then_crash(crashed);
+    }
+}
+
+fn partition_then_crash(victim: usize) {
+    let _one = serial();
+    let name = &format!("partition-then-crash-{victim}");
+    let Some(cuts) = harness::Cuts::new() else {
+        return;
+    };
+    let mut c = Cluster::new(name, 4, Start::StateFile);
+    let load = Load::start(&skewed_n(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    cuts.cut(&c, &[0, 1], &[2, 3]);
+    let cut_at = load.elapsed();
+    std::thread::sleep(Duration::from_millis(LEASE_MS * 3));
+    cuts.heal();
+    let healed = load.elapsed();
+    std::thread::sleep(3 * SEC);
+    c.kill(victim);
+    let crashed = load.elapsed();
+    std::thread::sleep(8 * SEC);
+    let shares = c.total_share();
+    let statuses: Vec<String> = (0..4)
+        .filter(|&i| c.running(i))
+        .map(|i| {
+            format!(
+                "node {i}: {}",
+                c.status(i).map(|v| v.to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 4);
+    let bound = Duration::from_millis(LEASE_MS * 3);
+    let floor = floor_without(&[8.0 / 15.0, 4.0 / 15.0, 2.0 / 15.0, 1.0 / 15.0], victim);
+    let back = r.recovered_at(crashed, r.end, floor);
+    let during =
+        r.admitted_in(cut_at + 2 * SEC, healed) as f64 / (healed - cut_at - 2 * SEC).as_secs_f64();
+    report(
+        name,
+        &[
+            ("admitted_per_s_during_cut", format!("{during:.0}")),
+            ("max_1s_window", most.to_string()),
+            (
+                "recovered_after_crash",
+                format!("{:?}", back.map(|b| b.saturating_sub(crashed))),
+            ),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        back.is_some_and(|b| b <= crashed + bound),
+        "{name}: not back at {floor}/s within {bound:?} of the crash; status:\n{}",
+        statuses.join("\n")
+    );
+    assert_whole(name, shares, "every survivor answers");
+}
+
+/// Node 0 cut off from every peer for three leases: the others take its share over and the
+/// cluster admits at most L + burst in every window throughout; after the heal node 0 earns
+/// a share again and the cluster is back at its limit.
+#[test]
+fn a_node_cut_off_and_healed() {
+    let _one = serial();
+    let name = "one-node-cut";
+    let Some(cuts) = harness::Cuts::new() else {
+        return;
+    };
+    let c = Cluster::new(name, 3, Start::StateFile);
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    cuts.cut(&c, &[0], &[1, 2]);
+    std::thread::sleep(Duration::from_millis(LEASE_MS * 3));
+    cuts.heal();
+    let healed = load.elapsed();
+    std::thread::sleep(6 * SEC);
+    let shares = c.total_share();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let back = r.recovered_at(healed, r.end, LIMIT * 9 / 10);
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            (
+                "recovered_after_heal",
+                format!("{:?}", back.map(|b| b.saturating_sub(healed))),
+            ),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        back.is_some_and(|b| b <= healed + Duration::from_millis(LEASE_MS * 3)),
+        "{name}: not back at the limit within three leases of the heal"
+    );
+    assert_whole(name, shares, "every node answers");
+}
+
+/// One-way loss: 40 % of node 0's datagrams to its heir lost, 20 % back, for five seconds.
+#[test]
+fn one_way_loss_keeps_the_limit() {
+    let _one = serial();
+    let name = "one-way-loss";
+    let Some(cuts) = harness::Cuts::new() else {
+        return;
+    };
+    let c = Cluster::new(name, 3, Start::StateFile);
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    cuts.lose(&c, 0, 1, 0.4);
+    cuts.lose(&c, 1, 0, 0.2);
+    cuts.lose(&c, 2, 0, 0.2);
+    let from = load.elapsed();
+    std::thread::sleep(5 * SEC);
+    cuts.heal();
+    let healed = load.elapsed();
+    std::thread::sleep(4 * SEC);
+    let shares = c.total_share();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let lossy = r.over_throttling(from, healed, LIMIT as f64);
+    let back = r.recovered_at(healed, r.end, LIMIT * 9 / 10);
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            ("over_throttling_lossy", format!("{:.1}%", lossy * 100.0)),
+            (
+                "recovered_after_heal",
+                format!("{:?}", back.map(|b| b.saturating_sub(healed))),
+            ),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        back.is_some(),
+        "{name}: not back at the limit after the loss ended"
+    );
+    assert_whole(name, shares, "every node answers");
+}
