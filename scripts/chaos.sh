@@ -30,10 +30,13 @@ if [ "${1:-}" != "--short" ]; then
   export CHAOS_LONG=1
 fi
 log="$(mktemp)"
-status=0
-cargo test --release --locked -p sluice --test chaos -- --nocapture --test-threads 1 >"$log" 2>&1 \
-  || status=$?
-grep -E '^chaos |^test |panicked|^  left|^  right|test result' "$log" || true
+# Each scenario's line as it ends; the whole output stays in the log.
+set +e
+cargo test --release --locked -p sluice --test chaos -- --nocapture --test-threads 1 2>&1 \
+  | tee "$log" \
+  | grep --line-buffered -E '^chaos |^test |panicked|^  left|^  right|test result'
+status=${PIPESTATUS[0]}
+set -e
 if [ "$status" -ne 0 ]; then
   echo "chaos: a scenario failed; the whole output is in $log"
   exit "$status"
