@@ -12,17 +12,24 @@
 //!   request is dropped: that descriptor gets no limit and its counter is not touched;
 //! - no rule (or a replaced one): `OK`, no `current_limit`, `limit_remaining` 0;
 //! - `unlimited`: `OK`, no `current_limit`, `limit_remaining` `u32::MAX`, nothing counted;
-//! - a limited rule counts `hits_addend` (0 counts as 1) against the counter of the
-//!   descriptor's own key/value pairs — so a key configured without a value has one counter
-//!   per runtime value; `shadow_mode` answers `OK` whatever the count says;
+//! - a limited rule counts `hits_addend` against the counter of the descriptor's own
+//!   key/value pairs — so a key configured without a value has one counter per runtime
+//!   value; the request's `hits_addend` 0 counts as 1, a descriptor's own `hits_addend` 0
+//!   is a check that consumes nothing; `shadow_mode` answers `OK` whatever the count says;
+//! - every hit is counted in a fixed window, refused ones included (envoyproxy/ratelimit
+//!   increments its counter past the limit): after 8 of 10, a refused request of 5 leaves
+//!   the window over the limit, so a request of 1 is refused too (Sluice's other
+//!   algorithms meter what they admit); an `OVER_LIMIT` status says 0 remaining;
+//! - the status names the rule (`current_limit.name` is the rule's `name`);
 //! - the overall code is `OVER_LIMIT` if any status is;
 //! - an unknown domain is not an error: every descriptor is answered `OK` with no limit;
 //!   an empty domain or an empty descriptor list is an error ([`RequestError`]).
 //!
-//! Where Sluice differs, on purpose: a refused request is not counted (envoyproxy/ratelimit
-//! increments its Redis counter even past the limit). With `hits_addend` 1 the answers are the
-//! same (once over, a fixed window stays over until it ends); with a larger addend a refused
-//! request leaves its permits to smaller requests, and `limit_remaining` says how many.
+//! Where Sluice can differ, when asked to ([`Engine::set_count_refused`] with `false`): a
+//! refused request is not counted. With `hits_addend` 1 the answers are the same (once
+//! over, a fixed window stays over until it ends); with a larger addend a refused request
+//! then leaves its permits to smaller requests. Refused hits are counted only where this
+//! node decides; Redis and the token server count admitted hits.
 //!
 //! Scope of this engine: it decides from this node's state alone. A `coordination: cluster`
 //! rule applies this node's share of the limit when a cluster is attached
@@ -48,6 +55,7 @@
 pub mod central;
 
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -138,13 +146,18 @@ pub enum Code {
 }
 
 /// `RateLimitResponse.DescriptorStatus`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DescriptorStatus {
     /// The descriptor's code.
     pub code: Code,
     /// The limit applied, if any.
     pub current_limit: Option<RateLimit>,
-    /// Permits left (0 without a limit, `u32::MAX` for `unlimited`).
+    /// The `name` of the rule applied, if it has one (`current_limit.name` on the wire).
+    pub limit_name: Option<Arc<str>>,
+    /// A `quota_mode` rule found this descriptor over its quota (and answered `OK`): the
+    /// response's `dynamic_metadata` lists it under `quotaModeViolations`.
+    pub quota_violated: bool,
+    /// Permits left (0 without a limit or when over it, `u32::MAX` for `unlimited`).
     pub limit_remaining: u32,
     /// Time until the limit is back to its full allowance, in nanoseconds (`None` without a
     /// limit). For the default fixed window, the time to the end of the window, like
@@ -163,6 +176,8 @@ impl DescriptorStatus {
     const NO_LIMIT: Self = Self {
         code: Code::Ok,
         current_limit: None,
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: 0,
         duration_until_reset: None,
         retry_after: None,
@@ -172,6 +187,8 @@ impl DescriptorStatus {
     const UNLIMITED: Self = Self {
         code: Code::Ok,
         current_limit: None,
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: u32::MAX,
         duration_until_reset: None,
         retry_after: None,
@@ -315,8 +332,10 @@ impl Center<'_> {
 enum Matched<'c> {
     /// None (no match, or replaced).
     Nothing,
-    /// A rule of the configuration.
-    Rule(&'c Rule),
+    /// A rule of the configuration, with the descriptor its counter is kept under when
+    /// that is not the request's own (values that matched a `share_threshold` wildcard
+    /// replaced by its pattern).
+    Rule(&'c Rule, Option<Descriptor>),
     /// The descriptor's own `limit`.
     Override(Limited),
 }
@@ -360,6 +379,8 @@ pub struct Engine {
     shares: OnceLock<Arc<Shares>>,
     central: OnceLock<Arc<Central>>,
     token: OnceLock<Arc<TokenClient>>,
+    /// Refused hits are counted too (envoyproxy/ratelimit's way; the default).
+    count_refused: AtomicBool,
 }
 
 /// A configuration in force, with its rules' counters found by the rule's address (stable
@@ -412,7 +433,22 @@ impl Engine {
             shares: OnceLock::new(),
             central: OnceLock::new(),
             token: OnceLock::new(),
+            count_refused: AtomicBool::new(true),
         }
+    }
+
+    /// Whether refused hits count against the fixed-window limits this node decides: `true`
+    /// (the default) as envoyproxy/ratelimit, which counts every hit; `false`, Sluice's
+    /// opt-in, leaves a refused request's permits to later, smaller requests. (The other
+    /// algorithms never count refused hits.)
+    pub fn set_count_refused(&self, count: bool) {
+        self.count_refused.store(count, Ordering::Relaxed);
+    }
+
+    /// Whether refused hits are counted ([`Engine::set_count_refused`]).
+    #[must_use]
+    pub fn counts_refused(&self) -> bool {
+        self.count_refused.load(Ordering::Relaxed)
     }
 
     /// The configuration in force.
@@ -635,7 +671,9 @@ impl Engine {
         let mut out = vec![None; rules.len()];
         let coordination = center.coordination();
         for ((d, rule), slot) in request.descriptors.iter().zip(rules).zip(&mut out) {
-            let Matched::Rule(r) = rule else { continue };
+            let Matched::Rule(r, shared) = rule else {
+                continue;
+            };
             let Policy::Limited(l) = &r.policy else {
                 continue;
             };
@@ -643,6 +681,7 @@ impl Engine {
                 continue;
             }
             let cost = cost_of(request, d);
+            let d = shared.as_ref().unwrap_or(d);
             *slot = Some(match center {
                 Center::Redis(c) => {
                     self.redis_limited(c, now, &request.domain, d, l, cost)
@@ -695,8 +734,10 @@ impl Engine {
             .map(|d| match d.limit {
                 Some(rate) => Matched::Override(override_rule(rate)),
                 None => domain
-                    .rule_for(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
-                    .map_or(Matched::Nothing, Matched::Rule),
+                    .lookup(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
+                    .map_or(Matched::Nothing, |l| {
+                        Matched::Rule(l.rule, shared_counter(d, &l.shared))
+                    }),
             })
             .collect();
         // `replaces`: a named rule matched by one descriptor is dropped when another rule
@@ -704,13 +745,13 @@ impl Engine {
         let replaced: Vec<&str> = rules
             .iter()
             .filter_map(|m| match m {
-                Matched::Rule(r) => Some(r.replaces.iter().map(String::as_str)),
+                Matched::Rule(r, _) => Some(r.replaces.iter().map(String::as_str)),
                 _ => None,
             })
             .flatten()
             .collect();
         for slot in &mut rules {
-            if let Matched::Rule(r) = slot
+            if let Matched::Rule(r, _) = slot
                 && r.name.as_deref().is_some_and(|n| replaced.contains(&n))
             {
                 *slot = Matched::Nothing;
@@ -753,20 +794,26 @@ impl Engine {
         match rule {
             Matched::Nothing => DescriptorStatus::NO_LIMIT,
             Matched::Override(l) => self.limited(now, domain, "", d, l, cost, mode),
-            Matched::Rule(rule) => match &rule.policy {
+            Matched::Rule(rule, shared) => match &rule.policy {
                 Policy::Unlimited => DescriptorStatus::UNLIMITED,
                 Policy::Limited(l) => {
+                    let d = shared.as_ref().unwrap_or(d);
                     let mut s = decided
                         .unwrap_or_else(|| self.limited(now, domain, &rule.path, d, l, cost, mode));
-                    let outcome = match (s.code, rule.shadow_mode) {
+                    let lenient = rule.shadow_mode || rule.quota_mode;
+                    let outcome = match (s.code, lenient) {
                         (Code::Ok, _) => Outcome::Within,
                         (Code::OverLimit, false) => Outcome::Over,
                         (Code::OverLimit, true) => Outcome::Shadow,
                     };
-                    if rule.shadow_mode {
+                    if rule.quota_mode && s.code == Code::OverLimit {
+                        s.quota_violated = true;
+                    }
+                    if lenient {
                         s.code = Code::Ok;
                         s.retry_after = None;
                     }
+                    s.limit_name.clone_from(&rule.name);
                     if mode == Mode::Check
                         && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
                     {
@@ -825,6 +872,8 @@ impl Engine {
                     return DescriptorStatus {
                         code: Code::OverLimit,
                         current_limit: Some(rule.rate),
+                        limit_name: None,
+                        quota_violated: false,
                         limit_remaining: 0,
                         duration_until_reset: Some(window_reset),
                         retry_after: None,
@@ -852,16 +901,52 @@ impl Engine {
             _ => limit,
         };
         let store = &self.stores[rule.algorithm.index()];
+        // Refused hits are counted in the fixed windows, envoyproxy/ratelimit's algorithm;
+        // Sluice's other algorithms meter what they admit (a bucket charged with refused
+        // hits would refuse everything under sustained overload).
+        let counts_refused = self.counts_refused()
+            && matches!(
+                rule.algorithm,
+                AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst
+            );
         let key = CounterView {
             domain,
             descriptor: d,
         };
         let decision = match mode {
+            // A check of 0 hits consumes nothing; it is over the limit only when the hits
+            // already counted are (refused ones included).
+            _ if cost == 0 => {
+                let mut d = store.peek_view(&key, limit, now, 0);
+                d.allowed = !(counts_refused && over_already(store, &key, limit, now));
+                d
+            }
+            Mode::Check if counts_refused => {
+                store.check_counting_refused_view(&key, limit, now, cost)
+            }
             Mode::Check => store.check_view(&key, limit, now, cost),
             Mode::Peek => store.peek_view(&key, limit, now, cost),
         };
         to_status(rule, &decision, window_reset)
     }
+}
+
+/// Whether the hits counted on `key` are already past `limit` (only counted refused
+/// hits take a state there): a one-hit request would be refused even with one permit
+/// more.
+fn over_already(
+    store: &KeyedStore<CounterKey, AnyAlgorithm>,
+    key: &CounterView<'_>,
+    limit: &Limit,
+    now: Nanos,
+) -> bool {
+    let Ok(one_more) = Limit::from_nanos(limit.count().saturating_add(1), limit.period()) else {
+        return false;
+    };
+    let one_more = one_more
+        .with_burst(limit.burst().saturating_add(1))
+        .unwrap_or(one_more);
+    !store.peek_view(key, &one_more, now, 1).allowed
 }
 
 /// A `coordination: token-server` rule's status, decided from the node's lease (or by the
@@ -900,11 +985,26 @@ fn central_key(domain: &str, d: &Descriptor) -> String {
     central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)))
 }
 
-/// Hits a descriptor takes: its own `hits_addend`, else the request's; 0 counts as 1.
+/// The descriptor whose counter a `share_threshold` match is kept under: `d` with each
+/// value in `shared` replaced by its pattern; `None` when nothing is shared.
+fn shared_counter(d: &Descriptor, shared: &[(usize, &str)]) -> Option<Descriptor> {
+    if shared.is_empty() {
+        return None;
+    }
+    let mut counter = d.clone();
+    for &(i, pattern) in shared {
+        if let Some(e) = counter.entries.get_mut(i) {
+            pattern.clone_into(&mut e.value);
+        }
+    }
+    Some(counter)
+}
+
+/// Hits a descriptor takes: its own `hits_addend` (0: a check that takes nothing), else
+/// the request's (0, the field's default, counts as 1), as envoyproxy/ratelimit.
 fn cost_of(request: &Request, d: &Descriptor) -> u64 {
     d.hits_addend
-        .unwrap_or(u64::from(request.hits_addend))
-        .max(1)
+        .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
 }
 
 /// The answer for a domain no file defines: `OK`, no limit.
@@ -932,6 +1032,8 @@ fn blocked(rule: &Limited, window_reset: Nanos) -> DescriptorStatus {
     DescriptorStatus {
         code: Code::OverLimit,
         current_limit: Some(rule.rate),
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: 0,
         duration_until_reset: Some(window_reset),
         retry_after: None,
@@ -954,7 +1056,14 @@ fn to_status(
             Code::OverLimit
         },
         current_limit: Some(rule.rate),
-        limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+        limit_name: None,
+        quota_violated: false,
+        // Over the limit, nothing is left (envoyproxy/ratelimit answers 0).
+        limit_remaining: if decision.allowed {
+            u32::try_from(decision.remaining).unwrap_or(u32::MAX)
+        } else {
+            0
+        },
         duration_until_reset: Some(reset),
         retry_after: if decision.allowed {
             None

@@ -425,7 +425,8 @@ async fn plain_check_answers_with_rate_limit_headers() {
         assert_eq!(r.header("ratelimit-remaining"), "1");
         let r = s.get(&format!("{path}&hits_addend=2")).await;
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(r.header("ratelimit-remaining"), "1");
+        // Over the limit nothing is left (envoyproxy/ratelimit says 0).
+        assert_eq!(r.header("ratelimit-remaining"), "0");
         assert_eq!(r.header("retry-after"), "1");
         let r = s
             .get("/v1/check/edge_proxy_per_ip?remote_address=50.0.0.5")
@@ -632,6 +633,8 @@ async fn health_readiness_and_cluster_status() {
     bounded(async {
         let s = Server::start(EDGE).await;
         assert_eq!(s.get("/healthz").await.status, StatusCode::OK);
+        // envoyproxy/ratelimit's path (its src/server/server_impl.go serves /healthcheck).
+        assert_eq!(s.get("/healthcheck").await.status, StatusCode::OK);
         assert_eq!(s.get("/readyz").await.status, StatusCode::OK);
         s.state.set_ready(false);
         let r = s.get("/readyz").await;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use sluice_server::ConfigSource;
 use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
 use sluice_server::config::RuleLeases;
-use sluice_server::daemon::{Daemon, DaemonSpec, Extras, RedisSpec};
+use sluice_server::daemon::{Compat, Daemon, DaemonSpec, Extras, RedisSpec};
 use sluice_server::lease::LeaseConfig;
 use sluice_server::peer::PeerKey;
 
@@ -337,6 +337,8 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
     let extras = Extras {
         token,
         leases: lease_config(args)?,
+        compat: Compat::default(),
+        shadow_mode: false,
     };
     Ok((spec, extras))
 }
