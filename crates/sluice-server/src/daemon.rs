@@ -72,6 +72,9 @@ pub struct Extras {
     /// envoyproxy/ratelimit's global `SHADOW_MODE` over gRPC
     /// ([`crate::grpc::GrpcOptions::shadow_mode`]).
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` and header names
+    /// ([`crate::grpc::GrpcOptions::response_headers`]).
+    pub response_headers: Option<crate::grpc::ResponseHeaders>,
 }
 
 /// Sluice's opt-in differences from envoyproxy/ratelimit's answers; the default is
@@ -255,11 +258,13 @@ impl Daemon {
         {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
             let (compat, shadow_mode) = (extras.compat, extras.shadow_mode);
+            let response_headers = extras.response_headers.clone();
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;
                 let options = crate::grpc::GrpcOptions {
                     subsecond_reset: compat.subsecond_reset,
                     shadow_mode,
+                    response_headers,
                 };
                 let served = crate::grpc::run_with_options(
                     grpc,

@@ -818,6 +818,9 @@ impl Engine {
                         && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
                     {
                         stats.record(outcome, cost);
+                        if outcome == Outcome::Within {
+                            stats.record_near(near_limit_hits(l, &s, cost));
+                        }
                     }
                     s
                 }
@@ -983,6 +986,23 @@ fn limit_and_reset(rule: &Limited, now: Nanos) -> Result<(&Limit, Nanos), Descri
 /// The key of a descriptor's state in a central store (Redis or the token server).
 fn central_key(domain: &str, d: &Descriptor) -> String {
     central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)))
+}
+
+/// envoyproxy/ratelimit's `near_limit` share of an admitted request: its hits above
+/// `floor(0.8 · requests_per_unit)` (its `checkNearLimitThreshold`); for the fixed windows,
+/// whose `limit_remaining` says the count after the request.
+fn near_limit_hits(rule: &Limited, s: &DescriptorStatus, cost: u64) -> u64 {
+    if !matches!(
+        rule.algorithm,
+        AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst
+    ) {
+        return 0;
+    }
+    let n = u64::from(rule.rate.requests_per_unit);
+    let near = n * 4 / 5;
+    let after = n.saturating_sub(u64::from(s.limit_remaining));
+    let before = after.saturating_sub(cost);
+    after.saturating_sub(near.max(before))
 }
 
 /// The descriptor whose counter a `share_threshold` match is kept under: `d` with each

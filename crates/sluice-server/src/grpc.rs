@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use envoy_types::pb::google::protobuf::{self as pb_struct, Duration as PbDuration};
@@ -52,8 +53,12 @@ impl Clock for UnixClock {
 }
 
 /// How the gRPC shell answers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GrpcOptions {
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`: headers for Envoy to add to
+    /// the client's response (`response_headers_to_add`), describing the descriptor with
+    /// the fewest permits left; `None`: none (the default, as upstream's).
+    pub response_headers: Option<ResponseHeaders>,
     /// `duration_until_reset` to the nanosecond (Sluice's opt-in), instead of whole seconds
     /// rounded up as envoyproxy/ratelimit gives it (the default).
     pub subsecond_reset: bool,
@@ -61,6 +66,53 @@ pub struct GrpcOptions {
     /// configuration is answered `OK` (counted as usual); only a descriptor's own `limit`
     /// override can still refuse.
     pub shadow_mode: bool,
+}
+
+/// The names of the rate limit headers sent to Envoy (envoyproxy/ratelimit's
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// The limit's `requests_per_unit`.
+    pub limit: String,
+    /// The permits left.
+    pub remaining: String,
+    /// Whole seconds until the limit resets.
+    pub reset: String,
+}
+
+impl Default for ResponseHeaders {
+    /// Upstream's defaults: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+/// The headers of `names` for the status with a limit and the fewest permits left (the
+/// first of equals), as envoyproxy/ratelimit; none when no status has a limit.
+fn response_headers(response: &Response, names: &ResponseHeaders) -> Vec<HeaderValue> {
+    let Some((s, limit)) = response
+        .statuses
+        .iter()
+        .filter_map(|s| Some((s, s.current_limit?)))
+        .min_by_key(|(s, _)| s.limit_remaining)
+    else {
+        return Vec::new();
+    };
+    let reset = s.duration_until_reset.unwrap_or(0).div_ceil(1_000_000_000);
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    };
+    vec![
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, s.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
+    ]
 }
 
 /// Global shadow mode on `response`: `OK` for every status but those of descriptors with
@@ -151,7 +203,7 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         };
         Ok(tonic::Response::new(response_to_proto_with(
             &response,
-            self.options,
+            &self.options,
         )))
     }
 }
@@ -372,12 +424,15 @@ fn duration_to_proto(d: Nanos, subsecond: bool) -> PbDuration {
 /// it (`duration_until_reset` in whole seconds).
 #[must_use]
 pub fn response_to_proto(response: &Response) -> rls::RateLimitResponse {
-    response_to_proto_with(response, GrpcOptions::default())
+    response_to_proto_with(response, &GrpcOptions::default())
 }
 
 /// The protobuf `RateLimitResponse` for the engine's answer, with `options`.
 #[must_use]
-pub fn response_to_proto_with(response: &Response, options: GrpcOptions) -> rls::RateLimitResponse {
+pub fn response_to_proto_with(
+    response: &Response,
+    options: &GrpcOptions,
+) -> rls::RateLimitResponse {
     rls::RateLimitResponse {
         overall_code: code_to_proto(response.overall_code).into(),
         statuses: response
@@ -386,6 +441,11 @@ pub fn response_to_proto_with(response: &Response, options: GrpcOptions) -> rls:
             .map(|s| status_to_proto(s, options))
             .collect(),
         dynamic_metadata: quota_violations(response),
+        response_headers_to_add: options
+            .response_headers
+            .as_ref()
+            .map(|names| response_headers(response, names))
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -416,7 +476,7 @@ fn quota_violations(response: &Response) -> Option<pb_struct::Struct> {
     })
 }
 
-fn status_to_proto(s: &DescriptorStatus, options: GrpcOptions) -> pb_response::DescriptorStatus {
+fn status_to_proto(s: &DescriptorStatus, options: &GrpcOptions) -> pb_response::DescriptorStatus {
     pb_response::DescriptorStatus {
         code: code_to_proto(s.code).into(),
         current_limit: s.current_limit.map(|l| pb_response::RateLimit {

@@ -545,6 +545,20 @@ async fn metrics_count_the_decisions() {
         assert_eq!(shadow, Some(1.0), "one shadowed decision");
         assert_eq!(hits("user", "within_limit"), Some(2.0));
         assert_eq!(hits("remote_address", "over_limit"), Some(2.0));
+        // The same under envoyproxy/ratelimit's own names (its statsd exporter mapping,
+        // src/prometheusstats/default_mapper.yaml): 12 hits on 10 a second, the 9th and 10th
+        // above 80 % (near_limit), 2 over.
+        let upstream = |stat: &str, key1: &str| {
+            m.get(
+                &format!("ratelimit_service_rate_limit_{stat}"),
+                &[("domain", "edge_proxy_per_ip"), ("key1", key1)],
+            )
+        };
+        assert_eq!(upstream("total_hits", "remote_address"), Some(12.0));
+        assert_eq!(upstream("within_limit", "remote_address"), Some(10.0));
+        assert_eq!(upstream("near_limit", "remote_address"), Some(2.0));
+        assert_eq!(upstream("over_limit", "remote_address"), Some(2.0));
+        assert_eq!(upstream("shadow_mode", "user"), Some(1.0));
         let requests = |api: &str, answer: &str| {
             m.get("sluice_requests_total", &[("api", api), ("answer", answer)])
         };

@@ -393,6 +393,55 @@ async fn global_shadow_mode_answers_ok_but_for_overrides() {
     .await;
 }
 
+/// src/service/ratelimit.go and src/settings/settings.go (`LIMIT_RESPONSE_HEADERS_ENABLED`,
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`) and the service
+/// tests of custom headers (test/service/ratelimit_test.go): when enabled, the response
+/// asks Envoy to add the limit, the permits left and the seconds to reset of the
+/// descriptor with the fewest left; off by default.
+#[tokio::test]
+async fn rate_limit_headers_for_envoy_when_enabled() {
+    use sluice_server::grpc::ResponseHeaders;
+    let Some(corpus) = corpus() else { return };
+    bounded(async {
+        let headers = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+            r.response_headers_to_add
+                .iter()
+                .map(|h| (h.key.clone(), h.value.clone()))
+                .collect::<Vec<_>>()
+        };
+        let two: &[&[(&str, &str)]] = &[&[("key2", "h")], &[("key3", "h")]];
+        let mut s = Server::start(load(integration_config(&corpus))).await;
+        let r = s.ask("another", two, 1).await;
+        assert!(headers(&r).is_empty());
+        s.stop().await;
+
+        let options = GrpcOptions {
+            response_headers: Some(ResponseHeaders::default()),
+            ..GrpcOptions::default()
+        };
+        let engine = Engine::new(load(integration_config(&corpus)));
+        let mut s = Server::start_with(engine, options).await;
+        // key2: 20 a minute, key3: 10 an hour; key3 has fewer left. T0 is 0.25 s into the
+        // hour: 3,600 s to its end, rounded up.
+        let r = s.ask("another", two, 1).await;
+        let want = |a: &str, b: &str, c: &str| {
+            vec![
+                ("RateLimit-Limit".to_owned(), a.to_owned()),
+                ("RateLimit-Remaining".to_owned(), b.to_owned()),
+                ("RateLimit-Reset".to_owned(), c.to_owned()),
+            ]
+        };
+        assert_eq!(headers(&r), want("10", "9", "3600"));
+        let r = s.ask("another", &[&[("key2", "h")]], 1).await;
+        assert_eq!(headers(&r), want("20", "18", "60"));
+        // No limit: no header.
+        let r = s.ask("another", &[&[("nothing", "h")]], 1).await;
+        assert!(headers(&r).is_empty());
+        s.stop().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_harness_request_sets_the_request_addend() {
     // The request builder used above: `hits` goes in the request's `hits_addend`.

@@ -339,6 +339,7 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         leases: lease_config(args)?,
         compat: Compat::default(),
         shadow_mode: false,
+        response_headers: None,
     };
     Ok((spec, extras))
 }
