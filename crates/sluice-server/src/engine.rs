@@ -53,9 +53,12 @@
 // `sluice_server::central`.
 #[path = "central.rs"]
 pub mod central;
+// envoyproxy/ratelimit's counting details: share_threshold counters, near_limit, checks of 0.
+#[path = "upstream.rs"]
+mod upstream;
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -68,6 +71,7 @@ use crate::config::{
 use crate::shares::{Shares, cluster_key, scaled};
 use crate::stats::{Outcome, RuleStats, StatsRegistry};
 use central::{Central, CentralStatus};
+use upstream::{near_limit_hits, over_already, shared_counter};
 
 use crate::token_server::{TokenClient, TokenStatus};
 
@@ -435,20 +439,6 @@ impl Engine {
             token: OnceLock::new(),
             count_refused: AtomicBool::new(true),
         }
-    }
-
-    /// Whether refused hits count against the fixed-window limits this node decides: `true`
-    /// (the default) as envoyproxy/ratelimit, which counts every hit; `false`, Sluice's
-    /// opt-in, leaves a refused request's permits to later, smaller requests. (The other
-    /// algorithms never count refused hits.)
-    pub fn set_count_refused(&self, count: bool) {
-        self.count_refused.store(count, Ordering::Relaxed);
-    }
-
-    /// Whether refused hits are counted ([`Engine::set_count_refused`]).
-    #[must_use]
-    pub fn counts_refused(&self) -> bool {
-        self.count_refused.load(Ordering::Relaxed)
     }
 
     /// The configuration in force.
@@ -934,24 +924,6 @@ impl Engine {
     }
 }
 
-/// Whether the hits counted on `key` are already past `limit` (only counted refused
-/// hits take a state there): a one-hit request would be refused even with one permit
-/// more.
-fn over_already(
-    store: &KeyedStore<CounterKey, AnyAlgorithm>,
-    key: &CounterView<'_>,
-    limit: &Limit,
-    now: Nanos,
-) -> bool {
-    let Ok(one_more) = Limit::from_nanos(limit.count().saturating_add(1), limit.period()) else {
-        return false;
-    };
-    let one_more = one_more
-        .with_burst(limit.burst().saturating_add(1))
-        .unwrap_or(one_more);
-    !store.peek_view(key, &one_more, now, 1).allowed
-}
-
 /// A `coordination: token-server` rule's status, decided from the node's lease (or by the
 /// token server, or the fallback).
 async fn token_limited(
@@ -986,38 +958,6 @@ fn limit_and_reset(rule: &Limited, now: Nanos) -> Result<(&Limit, Nanos), Descri
 /// The key of a descriptor's state in a central store (Redis or the token server).
 fn central_key(domain: &str, d: &Descriptor) -> String {
     central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)))
-}
-
-/// envoyproxy/ratelimit's `near_limit` share of an admitted request: its hits above
-/// `floor(0.8 · requests_per_unit)` (its `checkNearLimitThreshold`); for the fixed windows,
-/// whose `limit_remaining` says the count after the request.
-fn near_limit_hits(rule: &Limited, s: &DescriptorStatus, cost: u64) -> u64 {
-    if !matches!(
-        rule.algorithm,
-        AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst
-    ) {
-        return 0;
-    }
-    let n = u64::from(rule.rate.requests_per_unit);
-    let near = n * 4 / 5;
-    let after = n.saturating_sub(u64::from(s.limit_remaining));
-    let before = after.saturating_sub(cost);
-    after.saturating_sub(near.max(before))
-}
-
-/// The descriptor whose counter a `share_threshold` match is kept under: `d` with each
-/// value in `shared` replaced by its pattern; `None` when nothing is shared.
-fn shared_counter(d: &Descriptor, shared: &[(usize, &str)]) -> Option<Descriptor> {
-    if shared.is_empty() {
-        return None;
-    }
-    let mut counter = d.clone();
-    for &(i, pattern) in shared {
-        if let Some(e) = counter.entries.get_mut(i) {
-            pattern.clone_into(&mut e.value);
-        }
-    }
-    Some(counter)
 }
 
 /// Hits a descriptor takes: its own `hits_addend` (0: a check that takes nothing), else
