@@ -241,7 +241,8 @@ pub struct Rule {
     /// over its quota is listed in the response's `dynamic_metadata` (`quotaModeViolations`)
     /// instead of being refused.
     pub quota_mode: bool,
-    /// `detailed_metric` (statistics only; read and kept for the metrics layer).
+    /// `detailed_metric`: the statistics count this rule's hits per runtime value
+    /// ([`Lookup::metric_path`]).
     pub detailed_metric: bool,
     /// Unlimited or limited.
     pub policy: Policy,
@@ -464,16 +465,47 @@ impl Domain {
     ) -> Option<Lookup<'_>> {
         let mut level = &self.descriptors;
         let mut shared = Vec::new();
+        // The statistics names envoyproxy/ratelimit would use: with every runtime value
+        // (`detailed_metric`), and with `value_to_metric`'s runtime values.
+        let (mut detailed, mut valued, mut any_valued) = (Vec::new(), Vec::new(), false);
         let mut entries = entries.into_iter().enumerate().peekable();
         while let Some((i, (key, value))) = entries.next() {
             let found = level.find(key, value)?;
-            if found.node.share_threshold
-                && let Some(pattern) = found.wildcard
-            {
+            let pattern = found.wildcard.filter(|_| found.node.share_threshold);
+            if let Some(pattern) = pattern {
                 shared.push((i, pattern));
             }
+            let with = |v: &str| {
+                if v.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{key}_{v}")
+                }
+            };
+            detailed.push(with(pattern.unwrap_or(value)));
+            any_valued |= found.node.value_to_metric;
+            valued.push(match (found.exact, found.wildcard) {
+                (true, _) => with(value),
+                (false, Some(w)) if pattern.is_some() || !found.node.value_to_metric => with(w),
+                (false, Some(_)) => with(value),
+                (false, None) if found.node.value_to_metric => with(value),
+                (false, None) => key.to_owned(),
+            });
             if entries.peek().is_none() {
-                return found.node.rule.as_ref().map(|rule| Lookup { rule, shared });
+                let rule = found.node.rule.as_ref()?;
+                let metric = if rule.detailed_metric {
+                    Some(detailed.join("."))
+                } else if any_valued {
+                    Some(valued.join("."))
+                } else {
+                    None
+                };
+                let metric_path = metric.filter(|m| *m != rule.path);
+                return Some(Lookup {
+                    rule,
+                    shared,
+                    metric_path,
+                });
             }
             level = &found.node.children;
         }
@@ -489,6 +521,11 @@ pub struct Lookup<'c> {
     /// `(entry index, pattern)` of the entries counted under their `share_threshold`
     /// wildcard's pattern instead of their own value.
     pub shared: Vec<(usize, &'c str)>,
+    /// The path the hits are counted under in the statistics when it is not the rule's
+    /// ([`Rule::path`]): with the runtime values, for `detailed_metric` (every entry, a
+    /// `share_threshold` one by its pattern) or `value_to_metric` (the entries matched by
+    /// a wildcard or the key alone under that flag), as envoyproxy/ratelimit names them.
+    pub metric_path: Option<String>,
 }
 
 /// A loaded, validated configuration: the domains by name.

@@ -338,8 +338,9 @@ enum Matched<'c> {
     Nothing,
     /// A rule of the configuration, with the descriptor its counter is kept under when
     /// that is not the request's own (values that matched a `share_threshold` wildcard
-    /// replaced by its pattern).
-    Rule(&'c Rule, Option<Descriptor>),
+    /// replaced by its pattern), and the statistics path its hits are counted under when
+    /// that is not the rule's (`detailed_metric`, `value_to_metric`).
+    Rule(&'c Rule, Option<Descriptor>, Option<String>),
     /// The descriptor's own `limit`.
     Override(Limited),
 }
@@ -661,7 +662,7 @@ impl Engine {
         let mut out = vec![None; rules.len()];
         let coordination = center.coordination();
         for ((d, rule), slot) in request.descriptors.iter().zip(rules).zip(&mut out) {
-            let Matched::Rule(r, shared) = rule else {
+            let Matched::Rule(r, shared, _) = rule else {
                 continue;
             };
             let Policy::Limited(l) = &r.policy else {
@@ -726,7 +727,7 @@ impl Engine {
                 None => domain
                     .lookup(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
                     .map_or(Matched::Nothing, |l| {
-                        Matched::Rule(l.rule, shared_counter(d, &l.shared))
+                        Matched::Rule(l.rule, shared_counter(d, &l.shared), l.metric_path)
                     }),
             })
             .collect();
@@ -735,13 +736,13 @@ impl Engine {
         let replaced: Vec<&str> = rules
             .iter()
             .filter_map(|m| match m {
-                Matched::Rule(r, _) => Some(r.replaces.iter().map(String::as_str)),
+                Matched::Rule(r, ..) => Some(r.replaces.iter().map(String::as_str)),
                 _ => None,
             })
             .flatten()
             .collect();
         for slot in &mut rules {
-            if let Matched::Rule(r, _) = slot
+            if let Matched::Rule(r, ..) = slot
                 && r.name.as_deref().is_some_and(|n| replaced.contains(&n))
             {
                 *slot = Matched::Nothing;
@@ -784,7 +785,7 @@ impl Engine {
         match rule {
             Matched::Nothing => DescriptorStatus::NO_LIMIT,
             Matched::Override(l) => self.limited(now, domain, "", d, l, cost, mode),
-            Matched::Rule(rule, shared) => match &rule.policy {
+            Matched::Rule(rule, shared, metric) => match &rule.policy {
                 Policy::Unlimited => DescriptorStatus::UNLIMITED,
                 Policy::Limited(l) => {
                     let d = shared.as_ref().unwrap_or(d);
@@ -804,12 +805,24 @@ impl Engine {
                         s.retry_after = None;
                     }
                     s.limit_name.clone_from(&rule.name);
-                    if mode == Mode::Check
-                        && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
-                    {
-                        stats.record(outcome, cost);
-                        if outcome == Outcome::Within {
-                            stats.record_near(near_limit_hits(l, &s, cost));
+                    if mode == Mode::Check {
+                        // Per runtime value (`detailed_metric`, `value_to_metric`): found by
+                        // name, as their number is the clients' doing.
+                        // (The rule's own are found by address: no reference count to
+                        // bounce between cores.)
+                        let by_name;
+                        let stats = match metric {
+                            Some(path) => {
+                                by_name = self.stats.rule(domain, path);
+                                Some(&by_name)
+                            }
+                            None => loaded.rule_stats.get(&rule_addr(rule)),
+                        };
+                        if let Some(stats) = stats {
+                            stats.record(outcome, cost);
+                            if outcome == Outcome::Within {
+                                stats.record_near(near_limit_hits(l, &s, cost));
+                            }
                         }
                     }
                     s

@@ -442,6 +442,53 @@ async fn rate_limit_headers_for_envoy_when_enabled() {
     .await;
 }
 
+/// src/config/config_impl.go (`GetLimit`: the detailed and value_to_metric stats keys) and
+/// test/config/config_test.go's detailed-metric and value_to_metric cases: a
+/// `detailed_metric` rule counts its hits per runtime value (a `share_threshold` entry by its
+/// pattern); `value_to_metric` names the runtime value of an entry matched by the key alone
+/// or a wildcard; other rules count under their configured path.
+#[tokio::test]
+async fn detailed_and_value_to_metric_statistics_name_the_runtime_values() {
+    let Some(corpus) = corpus() else { return };
+    bounded(async {
+        let hits = |s: &Server, domain: &str, path: &str| {
+            s.engine
+                .stats()
+                .snapshot()
+                .into_iter()
+                .find(|(d, p, _)| d == domain && p == path)
+                .map(|(_, _, c)| c.total_hits)
+        };
+        let mut s = Server::start(load(upstream_config(&corpus, "basic_config.yaml"))).await;
+        let d = "test-domain";
+        for v in ["foo", "foo", "bar"] {
+            s.ask(d, &[&[("key7", v)]], 1).await;
+            s.ask(d, &[&[("key3", v)]], 1).await;
+        }
+        assert_eq!(hits(&s, d, "key7_foo"), Some(2));
+        assert_eq!(hits(&s, d, "key7_bar"), Some(1));
+        assert_eq!(hits(&s, d, "key3"), Some(3));
+        assert_eq!(hits(&s, d, "key3_foo"), None);
+        s.stop().await;
+
+        let mut s = Server::start(load(upstream_config(&corpus, "share_threshold.yaml"))).await;
+        s.ask(d, &[&[("service", "svc/a"), ("endpoint", "e1")]], 1).await;
+        s.ask(d, &[&[("service", "svc/b"), ("endpoint", "e1")]], 1).await;
+        assert_eq!(hits(&s, d, "service_svc/*.endpoint_e1"), Some(2));
+        s.stop().await;
+
+        let yaml = "domain: v\ndescriptors:\n  - key: path\n    value_to_metric: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: route\n    value: api/*\n    value_to_metric: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+        let mut s = Server::start(sluice_server::Config::from_yaml("v.yaml", yaml).unwrap()).await;
+        s.ask("v", &[&[("path", "/a")]], 1).await;
+        s.ask("v", &[&[("route", "api/x")]], 1).await;
+        assert_eq!(hits(&s, "v", "path_/a"), Some(1));
+        assert_eq!(hits(&s, "v", "route_api/x"), Some(1));
+        assert_eq!(hits(&s, "v", "path"), Some(0), "the rule's own series stays");
+        s.stop().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_harness_request_sets_the_request_addend() {
     // The request builder used above: `hits` goes in the request's `hits_addend`.

@@ -275,6 +275,7 @@ impl FileParser<'_> {
         let mut children = None;
         let mut flags = Flags::default();
         let mut share_threshold = None;
+        let mut value_to_metric = false;
         for (field, v) in self.fields(node, "descriptor", DESCRIPTOR_FIELDS)? {
             match field {
                 "key" => key = self.string(v, field)?,
@@ -284,10 +285,8 @@ impl FileParser<'_> {
                 "shadow_mode" => flags.shadow_mode = self.boolean(v, field)?,
                 "quota_mode" => flags.quota_mode = self.boolean(v, field)?,
                 "share_threshold" => share_threshold = Some((self.boolean(v, field)?, v)),
-                // Statistics names only (Sluice's metrics name the rule, not the value).
-                "value_to_metric" => {
-                    self.boolean(v, field)?;
-                }
+                // Statistics names only.
+                "value_to_metric" => value_to_metric = self.boolean(v, field)?,
                 // Free-form data for the operator: any mapping, no effect on decisions.
                 "metadata" => {
                     if !matches!(v.data, YamlData::Mapping(_)) {
@@ -327,6 +326,7 @@ impl FileParser<'_> {
             rule,
             children: Level::default(),
             share_threshold,
+            value_to_metric,
         };
         if let Some(c) = children {
             self.level(c, &format!("{composite}."), &mut node_out.children)?;

@@ -28,6 +28,9 @@ pub(super) struct Node {
     /// `share_threshold: true` on a wildcard value: every value it matches shares one
     /// counter (the pattern's), instead of one counter per value.
     pub(super) share_threshold: bool,
+    /// `value_to_metric: true`: statistics name the runtime value matched here (by a
+    /// wildcard or by the key alone) rather than the configured one.
+    pub(super) value_to_metric: bool,
 }
 
 /// A configured value with `*` in it: each `*` stands for any run of characters, empty
@@ -83,6 +86,8 @@ pub(super) struct Found<'c> {
     pub(super) node: &'c Node,
     /// The wildcard pattern it matched through, if any.
     pub(super) wildcard: Option<&'c str>,
+    /// Matched by its exact value.
+    pub(super) exact: bool,
 }
 
 impl Level {
@@ -94,17 +99,20 @@ impl Level {
             return Some(Found {
                 node,
                 wildcard: None,
+                exact: true,
             });
         }
         if let Some((w, node)) = nodes.wildcard.iter().find(|(w, _)| w.matches(value)) {
             return Some(Found {
                 node,
                 wildcard: Some(w.pattern()),
+                exact: false,
             });
         }
         nodes.any.as_ref().map(|node| Found {
             node,
             wildcard: None,
+            exact: false,
         })
     }
 
