@@ -910,6 +910,9 @@ struct JsonStatus {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonLimit {
+    /// The rule's `name` (first: protojson writes fields in the proto's order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     #[serde(skip_serializing_if = "is_zero")]
     requests_per_unit: u32,
     unit: &'static str,
@@ -959,6 +962,7 @@ fn status_json(s: &DescriptorStatus) -> JsonStatus {
     JsonStatus {
         code: code_name(s.code),
         current_limit: s.current_limit.map(|l| JsonLimit {
+            name: s.limit_name.as_deref().map(str::to_owned),
             requests_per_unit: l.requests_per_unit,
             unit: unit_name(l.unit),
         }),

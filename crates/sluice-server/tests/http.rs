@@ -174,6 +174,9 @@ fn protojson(r: &Response) -> Value {
             let mut v = json!({"code": code(s.code)});
             if let Some(l) = s.current_limit {
                 let mut limit = json!({"unit": l.unit.name().to_uppercase()});
+                if let Some(name) = &s.limit_name {
+                    limit["name"] = json!(name.as_ref());
+                }
                 if l.requests_per_unit != 0 {
                     limit["requestsPerUnit"] = json!(l.requests_per_unit);
                 }
@@ -497,6 +500,25 @@ async fn peek_does_not_consume() {
         assert_eq!(s.engine.stats().snapshot(), before);
         s.clock.advance(Duration::from_secs(1));
         assert_eq!(s.get(peek).await.header("ratelimit-remaining"), "9");
+        s.stop().await;
+    })
+    .await;
+}
+
+/// `/json` answers the protojson of upstream's response: `currentLimit.name` is the rule's
+/// `name` (src/config/config_impl.go sets `Limit.Name`), absent for a rule without one.
+#[tokio::test]
+async fn json_names_the_rule() {
+    bounded(async {
+        let yaml = "domain: n\ndescriptors:\n  - key: a\n    rate_limit: { name: per_a, unit: second, requests_per_unit: 5 }\n  - key: b\n    rate_limit: { unit: second, requests_per_unit: 5 }\n";
+        let s = Server::start(yaml).await;
+        let body = json!({"domain": "n", "descriptors": [
+            {"entries": [{"key": "a", "value": "1"}]},
+            {"entries": [{"key": "b", "value": "1"}]},
+        ]});
+        let r = s.post_json("/json", &body).await.json();
+        assert_eq!(r["statuses"][0]["currentLimit"]["name"], "per_a");
+        assert!(r["statuses"][1]["currentLimit"].get("name").is_none(), "{r}");
         s.stop().await;
     })
     .await;
