@@ -383,6 +383,46 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         decision
     }
 
+    /// As [`KeyedStore::check_view`], except that a refused request is counted all the
+    /// same, as envoyproxy/ratelimit counts every hit: its `cost` is charged
+    /// ([`Algorithm::charge`], in at most two steps, so a window takes up to twice its
+    /// count), and a key first seen on a refusal is stored. Later requests then see the
+    /// refused hits, as they would see admitted ones.
+    pub fn check_counting_refused_view<Q: KeyView<K> + ?Sized>(
+        &self,
+        view: &Q,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        let charge = |state: &mut A::State| {
+            self.algorithm.charge(state, limit, now, cost);
+            let count = limit.count();
+            if cost > count {
+                self.algorithm.charge(state, limit, now, cost - count);
+            }
+        };
+        let (hash, shard) = self.locate(view);
+        let mut table = shard.lock();
+        if let Some((_, state)) = table.find_mut(hash, |(k, _)| view.matches(k)) {
+            let decision = self.algorithm.check(state, limit, now, cost);
+            if !decision.allowed {
+                charge(state);
+            }
+            return decision;
+        }
+        let mut state = self.algorithm.new_state(limit, now);
+        let decision = self.algorithm.check(&mut state, limit, now, cost);
+        if !decision.allowed {
+            charge(&mut state);
+        }
+        if decision.allowed || cost > 0 {
+            let hasher = &self.hasher;
+            table.insert_unique(hash, (view.to_key(), state), |(k, _)| hasher.hash_one(k));
+        }
+        decision
+    }
+
     /// Decides as [`KeyedStore::check`] would, changing nothing.
     #[must_use]
     pub fn peek(&self, key: &K, limit: &Limit, now: Nanos, cost: u64) -> Decision {

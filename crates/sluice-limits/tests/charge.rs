@@ -174,3 +174,33 @@ fn each_algorithm_saturates_where_its_doc_says() {
         assert!(alg.peek(&s, &l, free_at, 1).allowed, "{kind}");
     }
 }
+
+/// `KeyedStore::check_counting_refused_view`, as envoyproxy/ratelimit's fixed window counts:
+/// every hit counts, refused ones included, so after 8 of 10 a refused 5 leaves the window
+/// over the limit and a request of 1 is refused too; a key first seen on a refusal is
+/// stored; the next window starts afresh. The plain check leaves refused permits alone.
+#[test]
+fn a_counting_store_counts_refused_hits() {
+    use sluice_limits::{FixedWindow, KeyedStore};
+    let l = Limit::from_nanos(10, 1_000).unwrap();
+    let store = KeyedStore::new(FixedWindow::epoch(), 4);
+    let key = "k".to_owned();
+    assert!(store.check_counting_refused_view(&key, &l, 0, 8).allowed);
+    assert!(!store.check_counting_refused_view(&key, &l, 1, 5).allowed);
+    assert!(!store.check_counting_refused_view(&key, &l, 2, 1).allowed);
+    assert!(
+        store
+            .check_counting_refused_view(&key, &l, 1_000, 1)
+            .allowed
+    );
+    // A key seen first on a refusal (cost above the limit) is stored, and over.
+    let big = "big".to_owned();
+    assert!(!store.check_counting_refused_view(&big, &l, 0, 30).allowed);
+    assert_eq!(store.len(), 2);
+    assert!(!store.check_counting_refused_view(&big, &l, 1, 1).allowed);
+
+    let plain = KeyedStore::new(FixedWindow::epoch(), 4);
+    assert!(plain.check(&key, &l, 0, 8).allowed);
+    assert!(!plain.check(&key, &l, 1, 5).allowed);
+    assert!(plain.check(&key, &l, 2, 1).allowed);
+}

@@ -12,10 +12,14 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use saphyr::{MarkedYaml, ScalarStyle, YamlData, YamlLoader};
-use saphyr_parser::{Marker, Parser};
 use sluice_coord::allocation::AllocationPolicy;
 use sluice_limits::{AlgorithmKind, Limit, Nanos};
+
+mod parse;
+mod tree;
+
+use parse::parse_file;
+pub(crate) use tree::Level;
 
 /// The maps of the descriptor tree, read on every request: a fast hash (keys are set by
 /// the operator's files, not by clients, so flooding them is not a concern).
@@ -226,13 +230,19 @@ pub struct Rule {
     /// The descriptor path as envoyproxy/ratelimit names it in its statistics
     /// (`key_value.key2`, without the domain): the rule's name in `/metrics`.
     pub path: String,
-    /// `name`, which `replaces` of other rules may name.
-    pub name: Option<String>,
+    /// `name`, which `replaces` of other rules may name, and which responses report
+    /// (`current_limit.name`).
+    pub name: Option<std::sync::Arc<str>>,
     /// Names of the rules this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// `shadow_mode`: counted, but always answered OK.
     pub shadow_mode: bool,
-    /// `detailed_metric` (statistics only; read and kept for the metrics layer).
+    /// `quota_mode` (envoyproxy/ratelimit, 2026): counted, always answered OK; a descriptor
+    /// over its quota is listed in the response's `dynamic_metadata` (`quotaModeViolations`)
+    /// instead of being refused.
+    pub quota_mode: bool,
+    /// `detailed_metric`: the statistics count this rule's hits per runtime value
+    /// ([`Lookup::metric_path`]).
     pub detailed_metric: bool,
     /// Unlimited or limited.
     pub policy: Policy,
@@ -265,9 +275,6 @@ pub enum ConfigErrorKind {
     /// The file or directory could not be read.
     #[error("cannot read: {0}")]
     Io(String),
-    /// A directory holds no `.yaml` / `.yml` file.
-    #[error("no .yaml or .yml file in this directory")]
-    NoFiles,
     /// The YAML itself is malformed.
     #[error("invalid YAML: {0}")]
     Yaml(String),
@@ -290,10 +297,13 @@ pub enum ConfigErrorKind {
         /// The fields allowed at this place.
         allowed: &'static [&'static str],
     },
+    /// A mapping key that is not a string (a number, a boolean, null).
+    #[error("key is not of type string: {0}")]
+    NonStringKey(String),
     /// A required field is missing.
     #[error("missing `{0}`")]
     MissingField(&'static str),
-    /// `domain` is empty.
+    /// `domain` is empty or missing.
     #[error("the domain must not be empty")]
     EmptyDomain,
     /// Two files configure the same domain.
@@ -366,6 +376,11 @@ pub enum ConfigErrorKind {
     /// `leases` on a rule whose coordination cannot be leased.
     #[error("`leases` has no effect on coordination: {0} rules (leases are refused for them)")]
     LeasesUnsupported(&'static str),
+    /// `share_threshold: true` on a descriptor whose value has no `*`.
+    #[error(
+        "share_threshold can only be used with wildcard values (containing '*'), but found key {0:?}"
+    )]
+    ShareThresholdWithoutWildcard(String),
     /// A rule replacing a name no rule of the domain has.
     #[error("`replaces` names {0:?}, but no rule of this domain has that name")]
     UnknownReplaces(String),
@@ -380,8 +395,8 @@ pub struct ConfigError {
     pub line: Option<usize>,
     /// 1-based column, when known.
     pub column: Option<usize>,
-    /// The reason.
-    #[source]
+    /// The reason (part of this error's message, so not also its `source`: a chain of
+    /// causes printed in full says it once).
     pub kind: ConfigErrorKind,
 }
 
@@ -395,62 +410,6 @@ impl fmt::Display for ConfigError {
             }
         }
         write!(f, ": {}", self.kind)
-    }
-}
-
-/// One level of the descriptor tree: the descriptors sharing a parent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Level {
-    by_key: Map<String, KeyNodes>,
-}
-
-/// The descriptors of one level with a given key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct KeyNodes {
-    /// `value: v` (exact).
-    exact: Map<String, Node>,
-    /// `value: prefix*`, in file order (the first that matches wins).
-    wildcard: Vec<(String, Node)>,
-    /// No value: one limit per runtime value.
-    any: Option<Node>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Node {
-    rule: Option<Rule>,
-    children: Level,
-}
-
-impl Level {
-    /// The most specific node for `key = value`: exact value, then the first matching
-    /// wildcard, then key only (envoyproxy/ratelimit's order).
-    fn find(&self, key: &str, value: &str) -> Option<&Node> {
-        let nodes = self.by_key.get(key)?;
-        nodes
-            .exact
-            .get(value)
-            .or_else(|| {
-                nodes
-                    .wildcard
-                    .iter()
-                    .find(|(prefix, _)| value.starts_with(prefix.as_str()))
-                    .map(|(_, n)| n)
-            })
-            .or(nodes.any.as_ref())
-    }
-
-    fn rules<'a>(&'a self, out: &mut Vec<&'a Rule>) {
-        for nodes in self.by_key.values() {
-            let all = nodes
-                .exact
-                .values()
-                .chain(nodes.wildcard.iter().map(|(_, n)| n))
-                .chain(nodes.any.as_ref());
-            for node in all {
-                out.extend(node.rule.as_ref());
-                node.children.rules(out);
-            }
-        }
     }
 }
 
@@ -485,7 +444,7 @@ impl Domain {
 
     /// The rule governing a descriptor, with envoyproxy/ratelimit's matching: walk the tree
     /// one entry per level, taking at each level the most specific match (exact value, then
-    /// wildcard `prefix*`, then key only); the rule applies only if it sits at the depth of
+    /// wildcard (`*` anywhere in the value), then key only); the rule applies only if it sits at the depth of
     /// the last entry (a descriptor longer or shorter than the configured path gets none —
     /// its README's Example 4).
     #[must_use]
@@ -493,17 +452,80 @@ impl Domain {
         &self,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
     ) -> Option<&Rule> {
+        self.lookup(entries).map(|l| l.rule)
+    }
+
+    /// [`Domain::rule_for`], with the entries whose values matched a wildcard marked
+    /// `share_threshold: true` on the way (at any depth): their counter is the pattern's,
+    /// shared by every value it matches, as in envoyproxy/ratelimit.
+    #[must_use]
+    pub fn lookup<'e>(
+        &self,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Lookup<'_>> {
         let mut level = &self.descriptors;
-        let mut entries = entries.into_iter().peekable();
-        while let Some((key, value)) = entries.next() {
-            let node = level.find(key, value)?;
-            if entries.peek().is_none() {
-                return node.rule.as_ref();
+        let mut shared = Vec::new();
+        // The statistics names envoyproxy/ratelimit would use: with every runtime value
+        // (`detailed_metric`), and with `value_to_metric`'s runtime values.
+        let (mut detailed, mut valued, mut any_valued) = (Vec::new(), Vec::new(), false);
+        let mut entries = entries.into_iter().enumerate().peekable();
+        while let Some((i, (key, value))) = entries.next() {
+            let found = level.find(key, value)?;
+            let pattern = found.wildcard.filter(|_| found.node.share_threshold);
+            if let Some(pattern) = pattern {
+                shared.push((i, pattern));
             }
-            level = &node.children;
+            let with = |v: &str| {
+                if v.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{key}_{v}")
+                }
+            };
+            detailed.push(with(pattern.unwrap_or(value)));
+            any_valued |= found.node.value_to_metric;
+            valued.push(match (found.exact, found.wildcard) {
+                (true, _) => with(value),
+                (false, Some(w)) if pattern.is_some() || !found.node.value_to_metric => with(w),
+                (false, Some(_)) => with(value),
+                (false, None) if found.node.value_to_metric => with(value),
+                (false, None) => key.to_owned(),
+            });
+            if entries.peek().is_none() {
+                let rule = found.node.rule.as_ref()?;
+                let metric = if rule.detailed_metric {
+                    Some(detailed.join("."))
+                } else if any_valued {
+                    Some(valued.join("."))
+                } else {
+                    None
+                };
+                let metric_path = metric.filter(|m| *m != rule.path);
+                return Some(Lookup {
+                    rule,
+                    shared,
+                    metric_path,
+                });
+            }
+            level = &found.node.children;
         }
         None
     }
+}
+
+/// What a descriptor matched ([`Domain::lookup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup<'c> {
+    /// The rule.
+    pub rule: &'c Rule,
+    /// `(entry index, pattern)` of the entries counted under their `share_threshold`
+    /// wildcard's pattern instead of their own value.
+    pub shared: Vec<(usize, &'c str)>,
+    /// The path the hits are counted under in the statistics when it is not the rule's
+    /// ([`Rule::path`]): with the runtime values, for `detailed_metric` (every entry, a
+    /// `share_threshold` one by its pattern) or `value_to_metric` (the entries matched by
+    /// a wildcard or the key alone under that flag), as envoyproxy/ratelimit names them.
+    pub metric_path: Option<String>,
 }
 
 /// A loaded, validated configuration: the domains by name.
@@ -548,10 +570,43 @@ impl Config {
     pub fn from_files<'t>(
         files: impl IntoIterator<Item = (PathBuf, &'t str)>,
     ) -> Result<Self, ConfigError> {
+        Self::load_files(files, false)
+    }
+
+    /// [`Config::from_files`], except that files of one domain are merged into it, as
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG=true` does: their top-level descriptors
+    /// join the domain's, and one defined twice is a duplicate.
+    ///
+    /// # Errors
+    /// The first problem found, with its file, line and column; a top-level descriptor
+    /// defined in two files (at the second file's domain).
+    pub fn from_files_merging<'t>(
+        files: impl IntoIterator<Item = (PathBuf, &'t str)>,
+    ) -> Result<Self, ConfigError> {
+        Self::load_files(files, true)
+    }
+
+    fn load_files<'t>(
+        files: impl IntoIterator<Item = (PathBuf, &'t str)>,
+        merge: bool,
+    ) -> Result<Self, ConfigError> {
         let mut domains: Map<String, Domain> = Map::default();
         for (file, text) in files {
             let domain = parse_file(&file, text)?;
             match domains.entry(domain.name.clone()) {
+                MapEntry::Occupied(mut first) if merge => {
+                    let l = domain.location.clone();
+                    first
+                        .get_mut()
+                        .descriptors
+                        .merge(domain.descriptors)
+                        .map_err(|composite| ConfigError {
+                            file: l.file,
+                            line: Some(l.line),
+                            column: Some(l.column),
+                            kind: ConfigErrorKind::DuplicateDescriptor(composite),
+                        })?;
+                }
                 MapEntry::Occupied(first) => {
                     let l = &domain.location;
                     return Err(ConfigError {
@@ -591,6 +646,9 @@ impl Config {
 pub enum ConfigSource {
     /// A path, file or directory (which one is decided at each load).
     Path(PathBuf),
+    /// A path whose files may share a domain, merged into one ([`Config::from_files_merging`],
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG=true`).
+    Merged(PathBuf),
     /// [`Config::example`].
     Example,
 }
@@ -603,12 +661,12 @@ impl ConfigSource {
     /// runtime directory).
     ///
     /// # Errors
-    /// The first problem found: unreadable path, empty directory, or an invalid file (with
-    /// its line and column).
+    /// The first problem found: unreadable path or an invalid file (with its line and
+    /// column). A directory without any `.yaml` file is a configuration of no domain.
     pub fn load(&self) -> Result<Config, ConfigError> {
         let path = match self {
             Self::Example => return Ok(Config::example()),
-            Self::Path(p) => p,
+            Self::Path(p) | Self::Merged(p) => p,
         };
         let io = |file: &Path, e: std::io::Error| ConfigError {
             file: file.to_path_buf(),
@@ -627,15 +685,9 @@ impl ConfigSource {
                     files.push(p);
                 }
             }
+            // No file: no domain, as envoyproxy/ratelimit serves an empty runtime directory
+            // (every request is then answered OK without a limit).
             files.sort();
-            if files.is_empty() {
-                return Err(ConfigError {
-                    file: path.clone(),
-                    line: None,
-                    column: None,
-                    kind: ConfigErrorKind::NoFiles,
-                });
-            }
             files
         } else {
             vec![path.clone()]
@@ -645,7 +697,20 @@ impl ConfigSource {
             let text = std::fs::read_to_string(&f).map_err(|e| io(&f, e))?;
             texts.push((f, text));
         }
-        Config::from_files(texts.iter().map(|(f, t)| (f.clone(), t.as_str())))
+        let texts = texts.iter().map(|(f, t)| (f.clone(), t.as_str()));
+        match self {
+            Self::Merged(_) => Config::from_files_merging(texts),
+            _ => Config::from_files(texts),
+        }
+    }
+
+    /// The file or directory read, if any.
+    #[must_use]
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Self::Path(p) | Self::Merged(p) => Some(p),
+            Self::Example => None,
+        }
     }
 
     /// Loads the configuration again: `Ok` with the new one, or the error — in which case
@@ -656,518 +721,5 @@ impl ConfigSource {
     pub fn reload(&self, current: &mut Config) -> Result<(), ConfigError> {
         *current = self.load()?;
         Ok(())
-    }
-}
-
-// ---- parsing ----------------------------------------------------------------------------
-
-const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
-const DESCRIPTOR_FIELDS: &[&str] = &[
-    "key",
-    "value",
-    "rate_limit",
-    "descriptors",
-    "shadow_mode",
-    "detailed_metric",
-];
-const RATE_LIMIT_FIELDS: &[&str] = &[
-    "unit",
-    "requests_per_unit",
-    "unlimited",
-    "name",
-    "replaces",
-    "algorithm",
-    "burst",
-    "coordination",
-    "leases",
-];
-const LEASES_FIELDS: &[&str] = &["policy", "duration"];
-const REPLACES_FIELDS: &[&str] = &["name"];
-
-type Yaml<'i> = MarkedYaml<'i>;
-
-struct FileParser<'f> {
-    file: &'f Path,
-}
-
-impl FileParser<'_> {
-    fn err_at(&self, m: Marker, kind: ConfigErrorKind) -> ConfigError {
-        ConfigError {
-            file: self.file.to_path_buf(),
-            line: Some(m.line()),
-            column: Some(m.col() + 1),
-            kind,
-        }
-    }
-
-    fn err(&self, node: &Yaml<'_>, kind: ConfigErrorKind) -> ConfigError {
-        self.err_at(node.span.start, kind)
-    }
-
-    fn location(&self, node: &Yaml<'_>) -> Location {
-        Location {
-            file: self.file.to_path_buf(),
-            line: node.span.start.line(),
-            column: node.span.start.col() + 1,
-        }
-    }
-
-    /// The fields of a mapping, each checked against `allowed`.
-    fn fields<'n, 'i>(
-        &self,
-        node: &'n Yaml<'i>,
-        what: &str,
-        allowed: &'static [&'static str],
-    ) -> Result<Vec<(&'n str, &'n Yaml<'i>)>, ConfigError> {
-        let YamlData::Mapping(map) = &node.data else {
-            return Err(self.err(
-                node,
-                ConfigErrorKind::WrongType {
-                    field: what.to_string(),
-                    expected: "a mapping",
-                },
-            ));
-        };
-        let mut out = Vec::with_capacity(map.len());
-        for (k, v) in map {
-            let name = match &k.data {
-                YamlData::Representation(s, _, _) => s.as_ref(),
-                _ => "<not a string>",
-            };
-            if !allowed.contains(&name) {
-                return Err(self.err(
-                    k,
-                    ConfigErrorKind::UnknownField {
-                        field: name.to_string(),
-                        allowed,
-                    },
-                ));
-            }
-            out.push((name, v));
-        }
-        Ok(out)
-    }
-
-    /// A scalar as text; `None` for null (`~`, `null`, or nothing), as YAML decoders give
-    /// a Go string field its zero value.
-    fn string(&self, node: &Yaml<'_>, field: &str) -> Result<Option<String>, ConfigError> {
-        match &node.data {
-            YamlData::Representation(s, style, _) => {
-                let null = *style == ScalarStyle::Plain
-                    && matches!(s.as_ref(), "" | "~" | "null" | "Null" | "NULL");
-                Ok((!null).then(|| s.to_string()))
-            }
-            _ => Err(self.err(
-                node,
-                ConfigErrorKind::WrongType {
-                    field: field.to_string(),
-                    expected: "a string",
-                },
-            )),
-        }
-    }
-
-    fn boolean(&self, node: &Yaml<'_>, field: &str) -> Result<bool, ConfigError> {
-        let wrong = || {
-            self.err(
-                node,
-                ConfigErrorKind::WrongType {
-                    field: field.to_string(),
-                    expected: "true or false",
-                },
-            )
-        };
-        match &node.data {
-            YamlData::Representation(s, ScalarStyle::Plain, _) => match s.as_ref() {
-                "true" | "True" | "TRUE" => Ok(true),
-                "false" | "False" | "FALSE" | "" | "~" | "null" => Ok(false),
-                _ => Err(wrong()),
-            },
-            _ => Err(wrong()),
-        }
-    }
-
-    fn number(
-        &self,
-        node: &Yaml<'_>,
-        field: &'static str,
-        min: u64,
-        max: u64,
-    ) -> Result<u64, ConfigError> {
-        let text = match &node.data {
-            YamlData::Representation(s, _, _) => s.to_string(),
-            _ => "<not a number>".to_string(),
-        };
-        text.trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|n| (min..=max).contains(n))
-            .ok_or_else(|| {
-                self.err(
-                    node,
-                    ConfigErrorKind::BadNumber {
-                        field,
-                        text: text.clone(),
-                        min,
-                        max,
-                    },
-                )
-            })
-    }
-
-    fn sequence<'n, 'i>(
-        &self,
-        node: &'n Yaml<'i>,
-        field: &str,
-    ) -> Result<&'n [Yaml<'i>], ConfigError> {
-        match &node.data {
-            YamlData::Sequence(items) => Ok(items),
-            YamlData::Representation(s, ScalarStyle::Plain, _)
-                if matches!(s.as_ref(), "" | "~" | "null") =>
-            {
-                Ok(&[])
-            }
-            _ => Err(self.err(
-                node,
-                ConfigErrorKind::WrongType {
-                    field: field.to_string(),
-                    expected: "a list",
-                },
-            )),
-        }
-    }
-
-    fn domain(&self, doc: &Yaml<'_>) -> Result<Domain, ConfigError> {
-        let mut name = None;
-        let mut descriptors = Level::default();
-        for (field, v) in self.fields(doc, "file", ROOT_FIELDS)? {
-            match field {
-                "domain" => name = Some((self.string(v, field)?.unwrap_or_default(), v)),
-                _ => self.level(v, "", &mut descriptors)?,
-            }
-        }
-        let Some((name, node)) = name else {
-            return Err(self.err(doc, ConfigErrorKind::MissingField("domain")));
-        };
-        if name.is_empty() {
-            return Err(self.err(node, ConfigErrorKind::EmptyDomain));
-        }
-        let domain = Domain {
-            name,
-            location: self.location(node),
-            descriptors,
-        };
-        self.check_replaces(&domain)?;
-        Ok(domain)
-    }
-
-    /// Every `replaces` names a rule of the domain.
-    fn check_replaces(&self, domain: &Domain) -> Result<(), ConfigError> {
-        let rules = domain.rules();
-        let names: Vec<&str> = rules.iter().filter_map(|r| r.name.as_deref()).collect();
-        let mut missing: Vec<(&Rule, &str)> = rules
-            .iter()
-            .flat_map(|r| r.replaces.iter().map(move |n| (*r, n.as_str())))
-            .filter(|(_, n)| !names.contains(n))
-            .collect();
-        // Report the first in file order, whatever the map order.
-        missing.sort_by_key(|(r, _)| (r.location.line, r.location.column));
-        match missing.first() {
-            Some((rule, name)) => Err(ConfigError {
-                file: self.file.to_path_buf(),
-                line: Some(rule.location.line),
-                column: Some(rule.location.column),
-                kind: ConfigErrorKind::UnknownReplaces((*name).to_string()),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// A `descriptors` list, into `level`. `path` names the parent, for error messages.
-    fn level(&self, node: &Yaml<'_>, path: &str, level: &mut Level) -> Result<(), ConfigError> {
-        for item in self.sequence(node, "descriptors")? {
-            self.descriptor(item, path, level)?;
-        }
-        Ok(())
-    }
-
-    fn descriptor(
-        &self,
-        node: &Yaml<'_>,
-        path: &str,
-        level: &mut Level,
-    ) -> Result<(), ConfigError> {
-        let mut key = None;
-        let mut value = None;
-        let mut rate_limit = None;
-        let mut children = None;
-        let mut shadow_mode = false;
-        let mut detailed_metric = false;
-        for (field, v) in self.fields(node, "descriptor", DESCRIPTOR_FIELDS)? {
-            match field {
-                "key" => key = self.string(v, field)?,
-                "value" => value = self.string(v, field)?,
-                "rate_limit" => rate_limit = Some(v),
-                "descriptors" => children = Some(v),
-                "shadow_mode" => shadow_mode = self.boolean(v, field)?,
-                _ => detailed_metric = self.boolean(v, field)?,
-            }
-        }
-        let key = key
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| self.err(node, ConfigErrorKind::EmptyKey))?;
-        let value = value.filter(|v| !v.is_empty());
-        let composite = match &value {
-            Some(v) => format!("{path}{key}_{v}"),
-            None => format!("{path}{key}"),
-        };
-        let rule = match rate_limit {
-            Some(rl) => Some(self.rule(rl, &composite, shadow_mode, detailed_metric)?),
-            None => None,
-        };
-        let mut node_out = Node {
-            rule,
-            children: Level::default(),
-        };
-        if let Some(c) = children {
-            self.level(c, &format!("{composite}."), &mut node_out.children)?;
-        }
-        let nodes = level.by_key.entry(key).or_default();
-        let duplicate = || {
-            self.err(
-                node,
-                ConfigErrorKind::DuplicateDescriptor(composite.clone()),
-            )
-        };
-        match value {
-            None if nodes.any.is_some() => return Err(duplicate()),
-            None => nodes.any = Some(node_out),
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => {
-                    if nodes.wildcard.iter().any(|(p, _)| p == prefix) {
-                        return Err(duplicate());
-                    }
-                    nodes.wildcard.push((prefix.to_string(), node_out));
-                }
-                None => match nodes.exact.entry(v) {
-                    MapEntry::Occupied(_) => return Err(duplicate()),
-                    MapEntry::Vacant(slot) => {
-                        slot.insert(node_out);
-                    }
-                },
-            },
-        }
-        Ok(())
-    }
-
-    fn rule(
-        &self,
-        node: &Yaml<'_>,
-        path: &str,
-        shadow_mode: bool,
-        detailed_metric: bool,
-    ) -> Result<Rule, ConfigError> {
-        let mut unit = None;
-        let mut rpu = None;
-        let mut unlimited = false;
-        let mut name = None;
-        let mut replaces = Vec::new();
-        let mut algorithm = None;
-        let mut burst = None;
-        let mut coordination = None;
-        let mut leases_node = None;
-        for (field, v) in self.fields(node, "rate_limit", RATE_LIMIT_FIELDS)? {
-            match field {
-                "unit" => unit = self.string(v, field)?.map(|u| (u, v)),
-                "requests_per_unit" => rpu = Some(v),
-                "unlimited" => unlimited = self.boolean(v, field)?,
-                "name" => name = self.string(v, field)?.filter(|n| !n.is_empty()),
-                "replaces" => {
-                    for item in self.sequence(v, field)? {
-                        let mut n = None;
-                        for (_, nv) in self.fields(item, "replaces entry", REPLACES_FIELDS)? {
-                            n = self.string(nv, "name")?;
-                        }
-                        match n.filter(|n| !n.is_empty()) {
-                            Some(n) => replaces.push(n),
-                            None => return Err(self.err(item, ConfigErrorKind::EmptyReplaces)),
-                        }
-                    }
-                }
-                "algorithm" => algorithm = Some(v),
-                "burst" => burst = Some(v),
-                "leases" => leases_node = Some(v),
-                _ => coordination = Some(v),
-            }
-        }
-        if let Some(n) = &name
-            && replaces.contains(n)
-        {
-            return Err(self.err(node, ConfigErrorKind::ReplacesItself(n.clone())));
-        }
-        let leases = match leases_node {
-            Some(v) => self.leases(v)?,
-            None => RuleLeases::default(),
-        };
-        let policy = if unlimited {
-            if let Some((_, v)) = unit {
-                return Err(self.err(v, ConfigErrorKind::UnitWithUnlimited));
-            }
-            for (field, v) in [
-                ("algorithm", algorithm),
-                ("burst", burst),
-                ("coordination", coordination),
-                ("leases", leases_node),
-            ] {
-                if let Some(v) = v {
-                    return Err(self.err(v, ConfigErrorKind::FieldWithUnlimited(field)));
-                }
-            }
-            Policy::Unlimited
-        } else {
-            let (unit_text, unit_node) =
-                unit.ok_or_else(|| self.err(node, ConfigErrorKind::MissingField("unit")))?;
-            let unit = Unit::parse(&unit_text)
-                .ok_or_else(|| self.err(unit_node, ConfigErrorKind::BadUnit(unit_text.clone())))?;
-            let rpu = rpu.ok_or_else(|| {
-                self.err(node, ConfigErrorKind::MissingField("requests_per_unit"))
-            })?;
-            let requests_per_unit =
-                u32::try_from(self.number(rpu, "requests_per_unit", 0, u64::from(u32::MAX))?)
-                    .unwrap_or(u32::MAX);
-            let algorithm = match algorithm {
-                Some(v) => {
-                    let text = self.string(v, "algorithm")?.unwrap_or_default();
-                    text.parse::<AlgorithmKind>()
-                        .map_err(|e| self.err(v, e.into()))?
-                }
-                None => AlgorithmKind::FixedWindow,
-            };
-            let burst = match burst {
-                Some(v) if !reads_burst(algorithm) => {
-                    return Err(self.err(v, ConfigErrorKind::BurstUnused(algorithm)));
-                }
-                Some(v) => Some(self.number(v, "burst", 1, u64::from(u32::MAX))?),
-                None => None,
-            };
-            let coordination_node = coordination;
-            let coordination = match coordination {
-                Some(v) => match self.string(v, "coordination")?.as_deref() {
-                    Some("local") | None => Coordination::Local,
-                    Some("cluster") => Coordination::Cluster,
-                    Some("redis") => Coordination::Redis,
-                    // Seed 002 §4.4(3)'s token server.
-                    Some("token-server" | "token_server") => Coordination::TokenServer,
-                    Some(other) => {
-                        return Err(
-                            self.err(v, ConfigErrorKind::UnknownCoordination(other.to_string()))
-                        );
-                    }
-                },
-                None => Coordination::Local,
-            };
-            // Count ≥ 1, period ≥ 1 s and burst ≥ 1 are checked above, so these cannot fail.
-            let limit = Limit::from_nanos(u64::from(requests_per_unit), unit.nanos())
-                .ok()
-                .map(|l| match burst {
-                    Some(b) => l.with_burst(b).unwrap_or(l),
-                    None => l,
-                });
-            // A rule Redis cannot run is refused here, at its place in the file, rather
-            // than decided locally on every request.
-            if coordination == Coordination::Redis
-                && let (Some(v), Some(l)) = (coordination_node, &limit)
-                && let Err(kind) = crate::engine::central::check_rule(algorithm, l)
-            {
-                return Err(self.err(v, kind));
-            }
-            // Leases of a token-server rule are refused at request time; say so here, at
-            // the place in the file, rather than let settings that never apply look valid.
-            if coordination == Coordination::TokenServer
-                && let Some(v) = leases_node
-            {
-                return Err(self.err(
-                    v,
-                    ConfigErrorKind::LeasesUnsupported(Coordination::TokenServer.name()),
-                ));
-            }
-            Policy::Limited(Limited {
-                rate: RateLimit {
-                    requests_per_unit,
-                    unit,
-                },
-                algorithm,
-                burst,
-                coordination,
-                limit,
-            })
-        };
-        Ok(Rule {
-            path: path.to_owned(),
-            name,
-            replaces,
-            shadow_mode,
-            detailed_metric,
-            policy,
-            leases,
-            location: self.location(node),
-        })
-    }
-
-    /// A rule's `leases` mapping: `policy` and `duration`, both optional.
-    fn leases(&self, node: &Yaml<'_>) -> Result<RuleLeases, ConfigError> {
-        let mut out = RuleLeases::default();
-        for (field, v) in self.fields(node, "leases", LEASES_FIELDS)? {
-            let text = self.string(v, field)?.unwrap_or_default();
-            if field == "policy" {
-                let policy = RuleLeases::parse_policy(&text)
-                    .ok_or_else(|| self.err(v, ConfigErrorKind::UnknownLeasePolicy(text)))?;
-                out.policy = Some(policy);
-            } else {
-                let duration = sluice_limits::limit::parse_duration(text.trim())
-                    .map(Duration::from_nanos)
-                    .filter(|d| (RuleLeases::MIN_DURATION..=RuleLeases::MAX_DURATION).contains(d))
-                    .ok_or_else(|| self.err(v, ConfigErrorKind::BadLeaseDuration(text)))?;
-                out.duration = Some(duration);
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Whether `kind` reads [`Limit::burst`] (the window algorithms count per window only).
-fn reads_burst(kind: AlgorithmKind) -> bool {
-    matches!(
-        kind,
-        AlgorithmKind::LeakyBucket
-            | AlgorithmKind::TokenBucket
-            | AlgorithmKind::Gcra
-            | AlgorithmKind::WarmUp
-    )
-}
-
-fn parse_file(file: &Path, text: &str) -> Result<Domain, ConfigError> {
-    let p = FileParser { file };
-    let mut loader: YamlLoader<'_, Yaml<'_>> = YamlLoader::default();
-    // Keep scalars as written: `value: 010` is the string "010", not the number 8.
-    loader.early_parse(false);
-    let mut parser = Parser::new_from_str(text);
-    let scan = parser
-        .load(&mut loader, true)
-        .err()
-        .or_else(|| loader.error().cloned());
-    if let Some(e) = scan {
-        return Err(p.err_at(*e.marker(), ConfigErrorKind::Yaml(e.info().to_string())));
-    }
-    let docs = loader.into_documents();
-    match docs.as_slice() {
-        [] => Err(ConfigError {
-            file: file.to_path_buf(),
-            line: None,
-            column: None,
-            kind: ConfigErrorKind::MissingField("domain"),
-        }),
-        [doc] => p.domain(doc),
-        [_, second, ..] => Err(p.err(second, ConfigErrorKind::MultipleDocuments)),
     }
 }

@@ -3,7 +3,7 @@
 //! runs one; `sluice demo` runs five in one process (each with its own sockets).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -67,14 +67,36 @@ pub struct Extras {
     /// How `POST /v1/lease` hands out capacity to clients (seed 000 §7): the policy and
     /// duration of every rule that does not set its own `leases`, and the table bounds.
     pub leases: crate::lease::LeaseConfig,
+    /// Where to answer differently from envoyproxy/ratelimit (by default, nowhere).
+    pub compat: Compat,
+    /// envoyproxy/ratelimit's global `SHADOW_MODE` over gRPC
+    /// ([`crate::grpc::GrpcOptions::shadow_mode`]).
+    pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` and header names
+    /// ([`crate::grpc::GrpcOptions::response_headers`]).
+    pub response_headers: Option<crate::grpc::ResponseHeaders>,
+}
+
+/// Sluice's opt-in differences from envoyproxy/ratelimit's answers; the default is
+/// upstream's behaviour throughout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compat {
+    /// gRPC `duration_until_reset` to the nanosecond, not in whole seconds
+    /// ([`crate::grpc::GrpcOptions::subsecond_reset`]).
+    pub subsecond_reset: bool,
+    /// A refused request is not counted, so its permits stay for smaller requests
+    /// ([`Engine::set_count_refused`] `false`; envoyproxy/ratelimit's
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+    pub stop_increment_when_over_limit: bool,
 }
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// The configuration is invalid (file, line and reason).
+    /// The configuration is invalid (file, line and reason). The message holds the whole
+    /// error, so it is not also the `source`: printed with its causes, it appears once.
     #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -95,6 +117,12 @@ pub enum DaemonError {
     /// The client lease settings are invalid.
     #[error("client leases: {0}")]
     Leases(#[from] crate::lease::LeaseConfigError),
+}
+
+impl From<ConfigError> for DaemonError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
 }
 
 /// Nodes sharing a node's central rules (Redis, token servers), whose fallback decides with
@@ -150,13 +178,17 @@ impl Daemon {
     pub async fn start_with(spec: DaemonSpec, extras: Extras) -> Result<Self, DaemonError> {
         // Taken before the files are read, so the watcher sees a change made meanwhile (taken
         // in its task, one made before the task first ran was lost).
-        let files = match (spec.watch, &spec.source) {
-            (Some(_), ConfigSource::Path(path)) => fingerprint(path),
+        let files = match (spec.watch, spec.source.path()) {
+            (Some(_), Some(path)) => fingerprint(path),
             _ => Vec::new(),
         };
         let config = spec.source.load()?;
         let leases = Arc::new(crate::lease::Leases::new(extras.leases)?);
+        if config.domains().next().is_none() {
+            tracing::warn!("the configuration defines no domain: every request is answered OK");
+        }
         let engine = Arc::new(Engine::new(config));
+        engine.set_count_refused(!extras.compat.stop_increment_when_over_limit);
         if let Some(r) = &spec.redis {
             // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.
             let nodes = fallback_nodes(r.nodes, spec.cluster.as_ref().map(|(c, _)| c));
@@ -225,11 +257,24 @@ impl Daemon {
         }
         {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
+            let (compat, shadow_mode) = (extras.compat, extras.shadow_mode);
+            let response_headers = extras.response_headers.clone();
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;
-                if let Err(e) =
-                    crate::grpc::run_with(grpc, engine, clock, Some(metrics), done).await
-                {
+                let options = crate::grpc::GrpcOptions {
+                    subsecond_reset: compat.subsecond_reset,
+                    shadow_mode,
+                    response_headers,
+                };
+                let served = crate::grpc::run_with_options(
+                    grpc,
+                    engine,
+                    clock,
+                    Some(metrics),
+                    options,
+                    done,
+                );
+                if let Err(e) = served.await {
                     tracing::error!(error = %e, "gRPC server failed");
                 }
             }));
@@ -259,11 +304,11 @@ impl Daemon {
                 }
             }));
         }
-        if let (Some(every), ConfigSource::Path(path)) = (spec.watch, &spec.source) {
-            let (engine, path, done) = (engine.clone(), path.clone(), stopped());
+        if let (Some(every), Some(_)) = (spec.watch, spec.source.path()) {
+            let (engine, source, done) = (engine.clone(), spec.source.clone(), stopped());
             let metrics = metrics.clone();
             tasks.push(tokio::spawn(watch_config(
-                engine, path, files, every, metrics, done,
+                engine, source, files, every, metrics, done,
             )));
         }
         Ok(Self {
@@ -306,7 +351,7 @@ impl Daemon {
 }
 
 /// A fingerprint of the configuration files: `(path, modified, length)` of each.
-fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
+fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
     let entry = |p: PathBuf| {
         let m = std::fs::metadata(&p).ok();
         let modified = m.as_ref().and_then(|m| m.modified().ok());
@@ -321,7 +366,7 @@ fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
             v.sort();
             v
         }
-        Err(_) => vec![entry(path.clone())],
+        Err(_) => vec![entry(path.to_path_buf())],
     }
 }
 
@@ -331,13 +376,15 @@ fn fingerprint(path: &PathBuf) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 /// fingerprint of the files in force.
 async fn watch_config(
     engine: Arc<Engine>,
-    path: PathBuf,
+    source: ConfigSource,
     mut seen: Vec<(PathBuf, Option<SystemTime>, u64)>,
     every: Duration,
     metrics: Arc<crate::metrics::Metrics>,
     done: impl std::future::Future<Output = ()>,
 ) {
-    let source = ConfigSource::Path(path.clone());
+    let Some(path) = source.path().map(Path::to_path_buf) else {
+        return;
+    };
     let mut tick = tokio::time::interval(every);
     tokio::pin!(done);
     loop {
@@ -359,5 +406,33 @@ async fn watch_config(
                 "configuration change refused; the previous configuration stays in force"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DaemonError;
+    use crate::config::Config;
+
+    /// A refused file stops `sluice serve` with the error and its causes printed: the
+    /// reason appears once (it was printed three times, each cause repeating the message).
+    #[test]
+    fn a_config_error_is_said_once_with_its_causes() {
+        let Err(e) = Config::from_yaml("bad.yaml", "domain: d\ndescriptors:\n  - valeu: 1\n")
+        else {
+            panic!("must be refused");
+        };
+        let e = DaemonError::from(e);
+        let mut said = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            said.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        assert_eq!(said.matches("unknown field `valeu`").count(), 1, "{said}");
+        assert!(
+            said.starts_with("invalid configuration: bad.yaml:3:"),
+            "{said}"
+        );
     }
 }

@@ -12,17 +12,24 @@
 //!   request is dropped: that descriptor gets no limit and its counter is not touched;
 //! - no rule (or a replaced one): `OK`, no `current_limit`, `limit_remaining` 0;
 //! - `unlimited`: `OK`, no `current_limit`, `limit_remaining` `u32::MAX`, nothing counted;
-//! - a limited rule counts `hits_addend` (0 counts as 1) against the counter of the
-//!   descriptor's own key/value pairs — so a key configured without a value has one counter
-//!   per runtime value; `shadow_mode` answers `OK` whatever the count says;
+//! - a limited rule counts `hits_addend` against the counter of the descriptor's own
+//!   key/value pairs — so a key configured without a value has one counter per runtime
+//!   value; the request's `hits_addend` 0 counts as 1, a descriptor's own `hits_addend` 0
+//!   is a check that consumes nothing; `shadow_mode` answers `OK` whatever the count says;
+//! - every hit is counted in a fixed window, refused ones included (envoyproxy/ratelimit
+//!   increments its counter past the limit): after 8 of 10, a refused request of 5 leaves
+//!   the window over the limit, so a request of 1 is refused too (Sluice's other
+//!   algorithms meter what they admit); an `OVER_LIMIT` status says 0 remaining;
+//! - the status names the rule (`current_limit.name` is the rule's `name`);
 //! - the overall code is `OVER_LIMIT` if any status is;
 //! - an unknown domain is not an error: every descriptor is answered `OK` with no limit;
 //!   an empty domain or an empty descriptor list is an error ([`RequestError`]).
 //!
-//! Where Sluice differs, on purpose: a refused request is not counted (envoyproxy/ratelimit
-//! increments its Redis counter even past the limit). With `hits_addend` 1 the answers are the
-//! same (once over, a fixed window stays over until it ends); with a larger addend a refused
-//! request leaves its permits to smaller requests, and `limit_remaining` says how many.
+//! Where Sluice can differ, when asked to ([`Engine::set_count_refused`] with `false`): a
+//! refused request is not counted. With `hits_addend` 1 the answers are the same (once
+//! over, a fixed window stays over until it ends); with a larger addend a refused request
+//! then leaves its permits to smaller requests. Refused hits are counted only where this
+//! node decides; Redis and the token server count admitted hits.
 //!
 //! Scope of this engine: it decides from this node's state alone. A `coordination: cluster`
 //! rule applies this node's share of the limit when a cluster is attached
@@ -46,8 +53,12 @@
 // `sluice_server::central`.
 #[path = "central.rs"]
 pub mod central;
+// envoyproxy/ratelimit's counting details: share_threshold counters, near_limit, checks of 0.
+#[path = "upstream.rs"]
+mod upstream;
 
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -60,6 +71,7 @@ use crate::config::{
 use crate::shares::{Shares, cluster_key, scaled};
 use crate::stats::{Outcome, RuleStats, StatsRegistry};
 use central::{Central, CentralStatus};
+use upstream::{near_limit_hits, over_already, shared_counter};
 
 use crate::token_server::{TokenClient, TokenStatus};
 
@@ -138,13 +150,18 @@ pub enum Code {
 }
 
 /// `RateLimitResponse.DescriptorStatus`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DescriptorStatus {
     /// The descriptor's code.
     pub code: Code,
     /// The limit applied, if any.
     pub current_limit: Option<RateLimit>,
-    /// Permits left (0 without a limit, `u32::MAX` for `unlimited`).
+    /// The `name` of the rule applied, if it has one (`current_limit.name` on the wire).
+    pub limit_name: Option<Arc<str>>,
+    /// A `quota_mode` rule found this descriptor over its quota (and answered `OK`): the
+    /// response's `dynamic_metadata` lists it under `quotaModeViolations`.
+    pub quota_violated: bool,
+    /// Permits left (0 without a limit or when over it, `u32::MAX` for `unlimited`).
     pub limit_remaining: u32,
     /// Time until the limit is back to its full allowance, in nanoseconds (`None` without a
     /// limit). For the default fixed window, the time to the end of the window, like
@@ -163,6 +180,8 @@ impl DescriptorStatus {
     const NO_LIMIT: Self = Self {
         code: Code::Ok,
         current_limit: None,
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: 0,
         duration_until_reset: None,
         retry_after: None,
@@ -172,6 +191,8 @@ impl DescriptorStatus {
     const UNLIMITED: Self = Self {
         code: Code::Ok,
         current_limit: None,
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: u32::MAX,
         duration_until_reset: None,
         retry_after: None,
@@ -315,8 +336,11 @@ impl Center<'_> {
 enum Matched<'c> {
     /// None (no match, or replaced).
     Nothing,
-    /// A rule of the configuration.
-    Rule(&'c Rule),
+    /// A rule of the configuration, with the descriptor its counter is kept under when
+    /// that is not the request's own (values that matched a `share_threshold` wildcard
+    /// replaced by its pattern), and the statistics path its hits are counted under when
+    /// that is not the rule's (`detailed_metric`, `value_to_metric`).
+    Rule(&'c Rule, Option<Descriptor>, Option<String>),
     /// The descriptor's own `limit`.
     Override(Limited),
 }
@@ -360,6 +384,8 @@ pub struct Engine {
     shares: OnceLock<Arc<Shares>>,
     central: OnceLock<Arc<Central>>,
     token: OnceLock<Arc<TokenClient>>,
+    /// Refused hits are counted too (envoyproxy/ratelimit's way; the default).
+    count_refused: AtomicBool,
 }
 
 /// A configuration in force, with its rules' counters found by the rule's address (stable
@@ -412,6 +438,7 @@ impl Engine {
             shares: OnceLock::new(),
             central: OnceLock::new(),
             token: OnceLock::new(),
+            count_refused: AtomicBool::new(true),
         }
     }
 
@@ -635,7 +662,9 @@ impl Engine {
         let mut out = vec![None; rules.len()];
         let coordination = center.coordination();
         for ((d, rule), slot) in request.descriptors.iter().zip(rules).zip(&mut out) {
-            let Matched::Rule(r) = rule else { continue };
+            let Matched::Rule(r, shared, _) = rule else {
+                continue;
+            };
             let Policy::Limited(l) = &r.policy else {
                 continue;
             };
@@ -643,6 +672,7 @@ impl Engine {
                 continue;
             }
             let cost = cost_of(request, d);
+            let d = shared.as_ref().unwrap_or(d);
             *slot = Some(match center {
                 Center::Redis(c) => {
                     self.redis_limited(c, now, &request.domain, d, l, cost)
@@ -695,8 +725,10 @@ impl Engine {
             .map(|d| match d.limit {
                 Some(rate) => Matched::Override(override_rule(rate)),
                 None => domain
-                    .rule_for(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
-                    .map_or(Matched::Nothing, Matched::Rule),
+                    .lookup(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
+                    .map_or(Matched::Nothing, |l| {
+                        Matched::Rule(l.rule, shared_counter(d, &l.shared), l.metric_path)
+                    }),
             })
             .collect();
         // `replaces`: a named rule matched by one descriptor is dropped when another rule
@@ -704,13 +736,13 @@ impl Engine {
         let replaced: Vec<&str> = rules
             .iter()
             .filter_map(|m| match m {
-                Matched::Rule(r) => Some(r.replaces.iter().map(String::as_str)),
+                Matched::Rule(r, ..) => Some(r.replaces.iter().map(String::as_str)),
                 _ => None,
             })
             .flatten()
             .collect();
         for slot in &mut rules {
-            if let Matched::Rule(r) = slot
+            if let Matched::Rule(r, ..) = slot
                 && r.name.as_deref().is_some_and(|n| replaced.contains(&n))
             {
                 *slot = Matched::Nothing;
@@ -753,24 +785,45 @@ impl Engine {
         match rule {
             Matched::Nothing => DescriptorStatus::NO_LIMIT,
             Matched::Override(l) => self.limited(now, domain, "", d, l, cost, mode),
-            Matched::Rule(rule) => match &rule.policy {
+            Matched::Rule(rule, shared, metric) => match &rule.policy {
                 Policy::Unlimited => DescriptorStatus::UNLIMITED,
                 Policy::Limited(l) => {
+                    let d = shared.as_ref().unwrap_or(d);
                     let mut s = decided
                         .unwrap_or_else(|| self.limited(now, domain, &rule.path, d, l, cost, mode));
-                    let outcome = match (s.code, rule.shadow_mode) {
+                    let lenient = rule.shadow_mode || rule.quota_mode;
+                    let outcome = match (s.code, lenient) {
                         (Code::Ok, _) => Outcome::Within,
                         (Code::OverLimit, false) => Outcome::Over,
                         (Code::OverLimit, true) => Outcome::Shadow,
                     };
-                    if rule.shadow_mode {
+                    if rule.quota_mode && s.code == Code::OverLimit {
+                        s.quota_violated = true;
+                    }
+                    if lenient {
                         s.code = Code::Ok;
                         s.retry_after = None;
                     }
-                    if mode == Mode::Check
-                        && let Some(stats) = loaded.rule_stats.get(&rule_addr(rule))
-                    {
-                        stats.record(outcome, cost);
+                    s.limit_name.clone_from(&rule.name);
+                    if mode == Mode::Check {
+                        // Per runtime value (`detailed_metric`, `value_to_metric`): found by
+                        // name, as their number is the clients' doing.
+                        // (The rule's own are found by address: no reference count to
+                        // bounce between cores.)
+                        let by_name;
+                        let stats = match metric {
+                            Some(path) => {
+                                by_name = self.stats.rule(domain, path);
+                                Some(&by_name)
+                            }
+                            None => loaded.rule_stats.get(&rule_addr(rule)),
+                        };
+                        if let Some(stats) = stats {
+                            stats.record(outcome, cost);
+                            if outcome == Outcome::Within {
+                                stats.record_near(near_limit_hits(l, &s, cost));
+                            }
+                        }
                     }
                     s
                 }
@@ -831,6 +884,8 @@ impl Engine {
                     return DescriptorStatus {
                         code: Code::OverLimit,
                         current_limit: Some(rule.rate),
+                        limit_name: None,
+                        quota_violated: false,
                         limit_remaining: 0,
                         duration_until_reset: Some(window_reset),
                         retry_after: None,
@@ -858,11 +913,29 @@ impl Engine {
             _ => limit,
         };
         let store = &self.stores[rule.algorithm.index()];
+        // Refused hits are counted in the fixed windows, envoyproxy/ratelimit's algorithm;
+        // Sluice's other algorithms meter what they admit (a bucket charged with refused
+        // hits would refuse everything under sustained overload).
+        let counts_refused = self.counts_refused()
+            && matches!(
+                rule.algorithm,
+                AlgorithmKind::FixedWindow | AlgorithmKind::FixedWindowFirst
+            );
         let key = CounterView {
             domain,
             descriptor: d,
         };
         let decision = match mode {
+            // A check of 0 hits consumes nothing; it is over the limit only when the hits
+            // already counted are (refused ones included).
+            _ if cost == 0 => {
+                let mut d = store.peek_view(&key, limit, now, 0);
+                d.allowed = !(counts_refused && over_already(store, &key, limit, now));
+                d
+            }
+            Mode::Check if counts_refused => {
+                store.check_counting_refused_view(&key, limit, now, cost)
+            }
             Mode::Check => store.check_view(&key, limit, now, cost),
             Mode::Peek => store.peek_view(&key, limit, now, cost),
         };
@@ -915,11 +988,11 @@ fn central_key(domain: &str, d: &Descriptor) -> String {
     central::redis_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)))
 }
 
-/// Hits a descriptor takes: its own `hits_addend`, else the request's; 0 counts as 1.
+/// Hits a descriptor takes: its own `hits_addend` (0: a check that takes nothing), else
+/// the request's (0, the field's default, counts as 1), as envoyproxy/ratelimit.
 fn cost_of(request: &Request, d: &Descriptor) -> u64 {
     d.hits_addend
-        .unwrap_or(u64::from(request.hits_addend))
-        .max(1)
+        .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
 }
 
 /// The answer for a domain no file defines: `OK`, no limit.
@@ -947,6 +1020,8 @@ fn blocked(rule: &Limited, window_reset: Nanos) -> DescriptorStatus {
     DescriptorStatus {
         code: Code::OverLimit,
         current_limit: Some(rule.rate),
+        limit_name: None,
+        quota_violated: false,
         limit_remaining: 0,
         duration_until_reset: Some(window_reset),
         retry_after: None,
@@ -969,7 +1044,14 @@ fn to_status(
             Code::OverLimit
         },
         current_limit: Some(rule.rate),
-        limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+        limit_name: None,
+        quota_violated: false,
+        // Over the limit, nothing is left (envoyproxy/ratelimit answers 0).
+        limit_remaining: if decision.allowed {
+            u32::try_from(decision.remaining).unwrap_or(u32::MAX)
+        } else {
+            0
+        },
         duration_until_reset: Some(reset),
         retry_after: if decision.allowed {
             None

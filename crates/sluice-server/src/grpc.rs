@@ -6,20 +6,29 @@
 //! limiting rule lives in the engine.
 //!
 //! [`run`] serves until a shutdown future completes (the caller owns the listener, so tests
-//! bind `127.0.0.1:0`), and sweeps idle keys out of the engine while it serves.
+//! bind `127.0.0.1:0`), and sweeps idle keys out of the engine while it serves. Beside the
+//! rate limit service it serves gRPC health checking (`grpc.health.v1.Health`), as
+//! envoyproxy/ratelimit does: `SERVING` for the server (`""`) and for the rate limit
+//! service by name, `NOT_SERVING` once shutting down.
+//!
+//! As envoyproxy/ratelimit, `duration_until_reset` is given in whole seconds, rounded up
+//! (exactly `1s` in a per-second window); [`GrpcOptions::subsecond_reset`] keeps the
+//! engine's nanoseconds instead.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{self as pb_struct, Duration as PbDuration};
 use rls::rate_limit_response::{self as pb_response, rate_limit::Unit as PbUnit};
 use rls::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use sluice_limits::{Clock, Nanos};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
 
 use crate::config::{RateLimit, Unit};
 use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Entry, Request, Response};
@@ -43,6 +52,83 @@ impl Clock for UnixClock {
     }
 }
 
+/// How the gRPC shell answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrpcOptions {
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`: headers for Envoy to add to
+    /// the client's response (`response_headers_to_add`), describing the descriptor with
+    /// the fewest permits left; `None`: none (the default, as upstream's).
+    pub response_headers: Option<ResponseHeaders>,
+    /// `duration_until_reset` to the nanosecond (Sluice's opt-in), instead of whole seconds
+    /// rounded up as envoyproxy/ratelimit gives it (the default).
+    pub subsecond_reset: bool,
+    /// envoyproxy/ratelimit's global `SHADOW_MODE`: every descriptor governed by the
+    /// configuration is answered `OK` (counted as usual); only a descriptor's own `limit`
+    /// override can still refuse.
+    pub shadow_mode: bool,
+}
+
+/// The names of the rate limit headers sent to Envoy (envoyproxy/ratelimit's
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// The limit's `requests_per_unit`.
+    pub limit: String,
+    /// The permits left.
+    pub remaining: String,
+    /// Whole seconds until the limit resets.
+    pub reset: String,
+}
+
+impl Default for ResponseHeaders {
+    /// Upstream's defaults: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+/// The headers of `names` for the status with a limit and the fewest permits left (the
+/// first of equals), as envoyproxy/ratelimit; none when no status has a limit.
+fn response_headers(response: &Response, names: &ResponseHeaders) -> Vec<HeaderValue> {
+    let Some((s, limit)) = response
+        .statuses
+        .iter()
+        .filter_map(|s| Some((s, s.current_limit?)))
+        .min_by_key(|(s, _)| s.limit_remaining)
+    else {
+        return Vec::new();
+    };
+    let reset = s.duration_until_reset.unwrap_or(0).div_ceil(1_000_000_000);
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    };
+    vec![
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, s.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
+    ]
+}
+
+/// Global shadow mode on `response`: `OK` for every status but those of descriptors with
+/// their own `limit`, and the overall code recomputed.
+fn shadow(request: &Request, response: &mut Response) {
+    for (d, s) in request.descriptors.iter().zip(&mut response.statuses) {
+        if d.limit.is_none() {
+            s.code = Code::Ok;
+            s.retry_after = None;
+        }
+    }
+    if response.statuses.iter().all(|s| s.code == Code::Ok) {
+        response.overall_code = Code::Ok;
+    }
+}
+
 /// The `RateLimitService` implementation: an [`Engine`], the clock it is read against and,
 /// optionally, the [`Metrics`] its answers and decision times are recorded into.
 #[derive(Debug)]
@@ -50,6 +136,7 @@ pub struct RateLimitGrpc<C = UnixClock> {
     engine: Arc<Engine>,
     clock: C,
     metrics: Option<Arc<Metrics>>,
+    options: GrpcOptions,
 }
 
 impl<C: Clock> RateLimitGrpc<C> {
@@ -59,7 +146,15 @@ impl<C: Clock> RateLimitGrpc<C> {
             engine,
             clock,
             metrics: None,
+            options: GrpcOptions::default(),
         }
+    }
+
+    /// The same service, answering with `options`.
+    #[must_use]
+    pub fn with_options(mut self, options: GrpcOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// The same service, recording every answer (`api="grpc"`) into `metrics`.
@@ -94,8 +189,11 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         let decided = self.engine.should_rate_limit_async(now, &request).await;
         let took = start.elapsed();
         let response = match decided {
-            Ok(r) => {
+            Ok(mut r) => {
                 self.record(r.overall_code.into(), Some(took));
+                if self.options.shadow_mode {
+                    shadow(&request, &mut r);
+                }
                 r
             }
             Err(e) => {
@@ -103,7 +201,10 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
                 return Err(tonic::Status::invalid_argument(e.to_string()));
             }
         };
-        Ok(tonic::Response::new(response_to_proto(&response)))
+        Ok(tonic::Response::new(response_to_proto_with(
+            &response,
+            &self.options,
+        )))
     }
 }
 
@@ -154,17 +255,55 @@ pub async fn run_with<C: Clock + 'static>(
     metrics: Option<Arc<Metrics>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    run_with_options(
+        listener,
+        engine,
+        clock,
+        metrics,
+        GrpcOptions::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`run_with`], answering with `options`.
+///
+/// # Errors
+/// [`ServeError`] if the server fails.
+pub async fn run_with_options<C: Clock + 'static>(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    clock: C,
+    metrics: Option<Arc<Metrics>>,
+    options: GrpcOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let clock = Arc::new(clock);
     let sweeper = tokio::spawn(sweep(Arc::clone(&engine), Arc::clone(&clock)));
-    let mut service = RateLimitGrpc::new(engine, clock);
+    let mut service = RateLimitGrpc::new(engine, clock).with_options(options);
     if let Some(metrics) = metrics {
         service = service.with_metrics(metrics);
     }
     let service = RateLimitServiceServer::new(service);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RateLimitGrpc<Arc<C>>>>()
+        .await;
     // Decisions are tiny messages: don't let Nagle hold them back.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(service, incoming, shutdown)
+        .add_service(health_service)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, async {
+            shutdown.await;
+            // Load balancers polling health stop sending before the calls in flight end.
+            health
+                .set_not_serving::<RateLimitServiceServer<RateLimitGrpc<Arc<C>>>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+        })
         .await;
     sweeper.abort();
     Ok(served?)
@@ -264,8 +403,16 @@ fn code_to_proto(code: Code) -> pb_response::Code {
     }
 }
 
-fn duration_to_proto(d: Nanos) -> PbDuration {
+fn duration_to_proto(d: Nanos, subsecond: bool) -> PbDuration {
     const NS: u64 = 1_000_000_000;
+    if !subsecond {
+        // envoyproxy/ratelimit: the unit's length minus the whole seconds since the window
+        // began, i.e. the time left rounded up to a whole second.
+        return PbDuration {
+            seconds: i64::try_from(d.div_ceil(NS)).unwrap_or(i64::MAX),
+            nanos: 0,
+        };
+    }
     PbDuration {
         seconds: i64::try_from(d / NS).unwrap_or(i64::MAX),
         // Below 10^9, so it fits.
@@ -273,27 +420,74 @@ fn duration_to_proto(d: Nanos) -> PbDuration {
     }
 }
 
-/// The protobuf `RateLimitResponse` for the engine's answer. `duration_until_reset` keeps
-/// the engine's nanoseconds (envoyproxy/ratelimit rounds to whole seconds).
+/// The protobuf `RateLimitResponse` for the engine's answer, as envoyproxy/ratelimit gives
+/// it (`duration_until_reset` in whole seconds).
 #[must_use]
 pub fn response_to_proto(response: &Response) -> rls::RateLimitResponse {
+    response_to_proto_with(response, &GrpcOptions::default())
+}
+
+/// The protobuf `RateLimitResponse` for the engine's answer, with `options`.
+#[must_use]
+pub fn response_to_proto_with(
+    response: &Response,
+    options: &GrpcOptions,
+) -> rls::RateLimitResponse {
     rls::RateLimitResponse {
         overall_code: code_to_proto(response.overall_code).into(),
-        statuses: response.statuses.iter().map(status_to_proto).collect(),
+        statuses: response
+            .statuses
+            .iter()
+            .map(|s| status_to_proto(s, options))
+            .collect(),
+        dynamic_metadata: quota_violations(response),
+        response_headers_to_add: options
+            .response_headers
+            .as_ref()
+            .map(|names| response_headers(response, names))
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
 
-fn status_to_proto(s: &DescriptorStatus) -> pb_response::DescriptorStatus {
+/// `quotaModeViolations`: the indexes of the descriptors a `quota_mode` rule found over
+/// their quota (answered `OK` all the same); `None` when there is none.
+fn quota_violations(response: &Response) -> Option<pb_struct::Struct> {
+    let values: Vec<pb_struct::Value> = response
+        .statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.quota_violated)
+        .map(|(i, _)| pb_struct::Value {
+            #[allow(clippy::cast_precision_loss)] // an index, far below 2^53
+            kind: Some(pb_struct::value::Kind::NumberValue(i as f64)),
+        })
+        .collect();
+    if values.is_empty() {
+        return None;
+    }
+    let list = pb_struct::Value {
+        kind: Some(pb_struct::value::Kind::ListValue(pb_struct::ListValue {
+            values,
+        })),
+    };
+    Some(pb_struct::Struct {
+        fields: [("quotaModeViolations".to_owned(), list)].into(),
+    })
+}
+
+fn status_to_proto(s: &DescriptorStatus, options: &GrpcOptions) -> pb_response::DescriptorStatus {
     pb_response::DescriptorStatus {
         code: code_to_proto(s.code).into(),
         current_limit: s.current_limit.map(|l| pb_response::RateLimit {
-            name: String::new(),
+            name: s.limit_name.as_deref().unwrap_or_default().to_owned(),
             requests_per_unit: l.requests_per_unit,
             unit: unit_to_proto(l.unit).into(),
         }),
         limit_remaining: s.limit_remaining,
-        duration_until_reset: s.duration_until_reset.map(duration_to_proto),
+        duration_until_reset: s
+            .duration_until_reset
+            .map(|d| duration_to_proto(d, options.subsecond_reset)),
         quota: None,
     }
 }

@@ -9,7 +9,7 @@
 //! | `POST /v1/check` | the same with `/json`'s body (any number of descriptors) |
 //! | `GET\|POST /v1/peek/{domain}?…`, `POST /v1/peek` | as `/v1/check`, but nothing is counted: what a check would answer now |
 //! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
-//! | `GET /healthz` | 200 while the server runs |
+//! | `GET /healthz`, `GET /healthcheck` | 200 while the server runs (`/healthcheck` is envoyproxy/ratelimit's path) |
 //! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease and not leaving), else 503 with the reason |
 //! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]) |
 //! | `POST /v1/lease` | a capacity lease for client-side throttling ([`crate::lease`]): `{"domain", "descriptor": {"entries": [{"key", "value"}]}, "client_id", "wants"}` → `{"rate", "expires_in_ms", "refresh_in_ms", "limit", "share", "policy", "clients"}` |
@@ -254,6 +254,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/peek/{domain}", get(peek_query).post(peek_query))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        // envoyproxy/ratelimit's path for the same.
+        .route("/healthcheck", get(healthz))
         .route("/readyz", get(readyz))
         .route("/v1/cluster", get(cluster))
         .route("/v1/lease", post(lease_acquire).delete(lease_release))
@@ -505,7 +507,7 @@ async fn not_found() -> HttpResponse {
         StatusCode::NOT_FOUND,
         [(header::CONTENT_TYPE, TEXT)],
         "no such endpoint: POST /json, /v1/check/{domain}?key=value, /v1/peek/{domain}?key=value, \
-         /metrics, /healthz, /readyz, /v1/cluster, /v1/lease\n",
+         /metrics, /healthz, /healthcheck, /readyz, /v1/cluster, /v1/lease\n",
     )
         .into_response()
 }
@@ -908,6 +910,9 @@ struct JsonStatus {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonLimit {
+    /// The rule's `name` (first: protojson writes fields in the proto's order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     #[serde(skip_serializing_if = "is_zero")]
     requests_per_unit: u32,
     unit: &'static str,
@@ -957,6 +962,7 @@ fn status_json(s: &DescriptorStatus) -> JsonStatus {
     JsonStatus {
         code: code_name(s.code),
         current_limit: s.current_limit.map(|l| JsonLimit {
+            name: s.limit_name.as_deref().map(str::to_owned),
             requests_per_unit: l.requests_per_unit,
             unit: unit_name(l.unit),
         }),
@@ -994,6 +1000,7 @@ mod tests {
             .check_only(0, &Request::new("none", [Descriptor::new([("k", "v")])]))
             .unwrap()
             .statuses[0]
+            .clone()
     }
 
     #[test]

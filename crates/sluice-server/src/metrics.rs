@@ -18,6 +18,7 @@
 //! | `sluice_rule_decisions_total` | counter | `domain`, `rule`, `code` (`ok`, `over_limit`) |
 //! | `sluice_rule_shadow_decisions_total` | counter | `domain`, `rule` |
 //! | `sluice_rule_hits_total` | counter | `domain`, `rule`, `outcome` (`within_limit`, `over_limit`, `shadow_mode`) |
+//! | `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` | gauge (only grows) | `domain`, `key1`, `key2` (envoyproxy/ratelimit's names, from its statsd exporter mapping) |
 //! | `sluice_engine_keys` | gauge | |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
@@ -457,6 +458,54 @@ fn encode_rules(encoder: &mut DescriptorEncoder<'_>, stats: &StatsRegistry) -> f
                 ("outcome", outcome),
             ];
             ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    encode_upstream_rules(encoder, &rules)
+}
+
+/// The per-rule statistics under envoyproxy/ratelimit's own Prometheus names (its statsd
+/// exporter mapping, `src/prometheusstats/default_mapper.yaml`), so its dashboards and
+/// alerts keep working: `ratelimit_service_rate_limit_<stat>{domain, key1[, key2]}`, `key1`
+/// the rule path's first level (`key` or `key_value`), `key2` the rest.
+fn encode_upstream_rules(
+    encoder: &mut DescriptorEncoder<'_>,
+    rules: &[(String, String, crate::stats::RuleCounts)],
+) -> fmt::Result {
+    type Stat = fn(&crate::stats::RuleCounts) -> u64;
+    let stats: [(&str, &str, Stat); 5] = [
+        ("total_hits", "Hits of the rule (hits_addend)", |c| {
+            c.total_hits
+        }),
+        ("over_limit", "Hits over the limit", |c| c.over_limit),
+        (
+            "near_limit",
+            "Hits admitted above 80 % of the limit (fixed windows)",
+            |c| c.near_limit,
+        ),
+        ("within_limit", "Hits within the limit", |c| c.within_limit),
+        (
+            "shadow_mode",
+            "Hits over the limit answered OK (shadow mode)",
+            |c| c.shadow_mode,
+        ),
+    ];
+    for (stat, help, value) in stats {
+        // Gauges, so the names are exactly upstream's: OpenMetrics would end a counter's
+        // name in `_total`. The values only ever grow, as counters do.
+        let gauge = ConstGauge::new(0i64);
+        let (name, help) = (
+            format!("ratelimit_service_rate_limit_{stat}"),
+            format!("{help} (envoyproxy/ratelimit's name; only grows)"),
+        );
+        let mut m = encoder.encode_descriptor(&name, &help, None, gauge.metric_type())?;
+        for (domain, rule, c) in rules {
+            let (key1, key2) = rule.split_once('.').unwrap_or((rule.as_str(), ""));
+            let mut labels = vec![("domain", domain.as_str()), ("key1", key1)];
+            if !key2.is_empty() {
+                labels.push(("key2", key2));
+            }
+            let v = i64::try_from(value(c)).unwrap_or(i64::MAX);
+            ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
         }
     }
     Ok(())

@@ -22,6 +22,7 @@ struct Stripe {
     total_hits: AtomicU64,
     over_limit: AtomicU64,
     within_limit: AtomicU64,
+    near_limit: AtomicU64,
     shadow_mode: AtomicU64,
     decisions_ok: AtomicU64,
     decisions_over_limit: AtomicU64,
@@ -62,6 +63,15 @@ pub enum Outcome {
 
 impl RuleStats {
     /// Counts one descriptor decision of `hits` hits.
+    /// Counts `hits` admitted above the near-limit threshold (envoyproxy/ratelimit's
+    /// `near_limit`).
+    pub fn record_near(&self, hits: u64) {
+        if hits > 0 {
+            let s = &self.stripes[stripe_index()];
+            s.near_limit.fetch_add(hits, Ordering::Relaxed);
+        }
+    }
+
     pub fn record(&self, outcome: Outcome, hits: u64) {
         let s = &self.stripes[stripe_index()];
         // Relaxed: independent counters, read for reporting only.
@@ -97,6 +107,7 @@ impl RuleStats {
             total_hits: sum(|s| &s.total_hits),
             over_limit: sum(|s| &s.over_limit),
             within_limit: sum(|s| &s.within_limit),
+            near_limit: sum(|s| &s.near_limit),
             shadow_mode: sum(|s| &s.shadow_mode),
             decisions_ok: sum(|s| &s.decisions_ok),
             decisions_over_limit: sum(|s| &s.decisions_over_limit),
@@ -114,6 +125,9 @@ pub struct RuleCounts {
     pub over_limit: u64,
     /// Hits admitted.
     pub within_limit: u64,
+    /// Hits admitted above 80 % of the limit (envoyproxy/ratelimit's `near_limit`, with its
+    /// default `NEAR_LIMIT_RATIO`); counted for the fixed windows.
+    pub near_limit: u64,
     /// Hits over the limit but answered `OK` because the rule is in shadow mode.
     pub shadow_mode: u64,
     /// Descriptor decisions answered `OK` (shadowed ones included).

@@ -205,7 +205,8 @@ fn hits_addend_zero_counts_as_one_and_descriptors_override() {
     r.hits_addend = 2;
     assert_eq!(remaining(e.should_rate_limit(t, &r).unwrap()), 0);
 
-    // A descriptor's own addend wins over the request's; 0 there counts as 1 too.
+    // A descriptor's own addend wins over the request's; 0 there is a check that takes
+    // nothing (envoyproxy/ratelimit).
     let mut q = Request::new("d", [desc("q"), desc("s")]);
     q.hits_addend = 1;
     q.descriptors[0].hits_addend = Some(3);
@@ -216,17 +217,34 @@ fn hits_addend_zero_counts_as_one_and_descriptors_override() {
             resp.statuses[0].limit_remaining,
             resp.statuses[1].limit_remaining
         ),
-        (0, 2)
+        (0, 3)
     );
 
-    // An addend larger than what is left is refused and not counted (Sluice's choice; see
-    // the engine docs): a smaller request still gets the rest.
+    // An addend larger than what is left is refused and counted all the same
+    // (envoyproxy/ratelimit): the window is over, and a smaller request is refused too.
     let mut big = Request::new("d", [desc("u")]);
     big.hits_addend = 2;
     assert_eq!(remaining(e.should_rate_limit(t, &big).unwrap()), 1);
     let over = e.should_rate_limit(t, &big).unwrap();
     assert_eq!(over.overall_code, Code::OverLimit);
-    assert_eq!(over.statuses[0].limit_remaining, 1);
+    assert_eq!(over.statuses[0].limit_remaining, 0);
+    big.hits_addend = 1;
+    let last = e.should_rate_limit(t, &big).unwrap();
+    assert_eq!(
+        (last.overall_code, last.statuses[0].limit_remaining),
+        (Code::OverLimit, 0)
+    );
+
+    // Sluice's opt-in: a refused request is not counted, a smaller one gets the rest.
+    let e = engine();
+    e.set_count_refused(false);
+    let mut big = Request::new("d", [desc("u")]);
+    big.hits_addend = 2;
+    e.should_rate_limit(t, &big).unwrap();
+    assert_eq!(
+        e.should_rate_limit(t, &big).unwrap().overall_code,
+        Code::OverLimit
+    );
     big.hits_addend = 1;
     let last = e.should_rate_limit(t, &big).unwrap();
     assert_eq!(

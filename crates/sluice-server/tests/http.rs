@@ -174,6 +174,9 @@ fn protojson(r: &Response) -> Value {
             let mut v = json!({"code": code(s.code)});
             if let Some(l) = s.current_limit {
                 let mut limit = json!({"unit": l.unit.name().to_uppercase()});
+                if let Some(name) = &s.limit_name {
+                    limit["name"] = json!(name.as_ref());
+                }
                 if l.requests_per_unit != 0 {
                     limit["requestsPerUnit"] = json!(l.requests_per_unit);
                 }
@@ -425,7 +428,8 @@ async fn plain_check_answers_with_rate_limit_headers() {
         assert_eq!(r.header("ratelimit-remaining"), "1");
         let r = s.get(&format!("{path}&hits_addend=2")).await;
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(r.header("ratelimit-remaining"), "1");
+        // Over the limit nothing is left (envoyproxy/ratelimit says 0).
+        assert_eq!(r.header("ratelimit-remaining"), "0");
         assert_eq!(r.header("retry-after"), "1");
         let r = s
             .get("/v1/check/edge_proxy_per_ip?remote_address=50.0.0.5")
@@ -501,6 +505,25 @@ async fn peek_does_not_consume() {
     .await;
 }
 
+/// `/json` answers the protojson of upstream's response: `currentLimit.name` is the rule's
+/// `name` (src/config/config_impl.go sets `Limit.Name`), absent for a rule without one.
+#[tokio::test]
+async fn json_names_the_rule() {
+    bounded(async {
+        let yaml = "domain: n\ndescriptors:\n  - key: a\n    rate_limit: { name: per_a, unit: second, requests_per_unit: 5 }\n  - key: b\n    rate_limit: { unit: second, requests_per_unit: 5 }\n";
+        let s = Server::start(yaml).await;
+        let body = json!({"domain": "n", "descriptors": [
+            {"entries": [{"key": "a", "value": "1"}]},
+            {"entries": [{"key": "b", "value": "1"}]},
+        ]});
+        let r = s.post_json("/json", &body).await.json();
+        assert_eq!(r["statuses"][0]["currentLimit"]["name"], "per_a");
+        assert!(r["statuses"][1]["currentLimit"].get("name").is_none(), "{r}");
+        s.stop().await;
+    })
+    .await;
+}
+
 /// `/metrics` parses, counts every decision by rule and outcome, and its latency histogram
 /// holds one observation per decided request of each API.
 #[tokio::test]
@@ -544,6 +567,20 @@ async fn metrics_count_the_decisions() {
         assert_eq!(shadow, Some(1.0), "one shadowed decision");
         assert_eq!(hits("user", "within_limit"), Some(2.0));
         assert_eq!(hits("remote_address", "over_limit"), Some(2.0));
+        // The same under envoyproxy/ratelimit's own names (its statsd exporter mapping,
+        // src/prometheusstats/default_mapper.yaml): 12 hits on 10 a second, the 9th and 10th
+        // above 80 % (near_limit), 2 over.
+        let upstream = |stat: &str, key1: &str| {
+            m.get(
+                &format!("ratelimit_service_rate_limit_{stat}"),
+                &[("domain", "edge_proxy_per_ip"), ("key1", key1)],
+            )
+        };
+        assert_eq!(upstream("total_hits", "remote_address"), Some(12.0));
+        assert_eq!(upstream("within_limit", "remote_address"), Some(10.0));
+        assert_eq!(upstream("near_limit", "remote_address"), Some(2.0));
+        assert_eq!(upstream("over_limit", "remote_address"), Some(2.0));
+        assert_eq!(upstream("shadow_mode", "user"), Some(1.0));
         let requests = |api: &str, answer: &str| {
             m.get("sluice_requests_total", &[("api", api), ("answer", answer)])
         };
@@ -632,6 +669,8 @@ async fn health_readiness_and_cluster_status() {
     bounded(async {
         let s = Server::start(EDGE).await;
         assert_eq!(s.get("/healthz").await.status, StatusCode::OK);
+        // envoyproxy/ratelimit's path (its src/server/server_impl.go serves /healthcheck).
+        assert_eq!(s.get("/healthcheck").await.status, StatusCode::OK);
         assert_eq!(s.get("/readyz").await.status, StatusCode::OK);
         s.state.set_ready(false);
         let r = s.get("/readyz").await;

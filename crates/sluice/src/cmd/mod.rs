@@ -7,6 +7,7 @@ pub(crate) mod replay;
 pub(crate) mod serve;
 pub(crate) mod settings;
 pub(crate) mod sim;
+pub(crate) mod upstream_env;
 
 /// Structured logs on stderr; `RUST_LOG` filters them (default `info`).
 pub(crate) fn init_logs() {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use sluice_server::ConfigSource;
 use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
 use sluice_server::config::RuleLeases;
-use sluice_server::daemon::{Daemon, DaemonSpec, Extras, RedisSpec};
+use sluice_server::daemon::{Compat, Daemon, DaemonSpec, Extras, RedisSpec};
 use sluice_server::lease::LeaseConfig;
 use sluice_server::peer::PeerKey;
 
@@ -102,6 +102,15 @@ pub(crate) struct Args {
     /// cluster's size, else 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     redis_nodes: Option<u64>,
+    /// gRPC `duration_until_reset` to the nanosecond (envoyproxy/ratelimit, and Sluice by
+    /// default, give whole seconds, rounded up).
+    #[arg(long)]
+    subsecond_reset: bool,
+    /// Do not count refused requests, so their permits stay for smaller ones
+    /// (envoyproxy/ratelimit, and Sluice by default, count every hit; its
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true does the same as this flag).
+    #[arg(long)]
+    stop_increment_when_over_limit: bool,
     /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
     #[command(flatten)]
     token: Box<TokenArgs>,
@@ -360,6 +369,12 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
     let extras = Extras {
         token,
         leases: lease_config(args)?,
+        compat: Compat {
+            subsecond_reset: args.subsecond_reset,
+            stop_increment_when_over_limit: args.stop_increment_when_over_limit,
+        },
+        shadow_mode: false,
+        response_headers: None,
     };
     Ok((spec, extras))
 }
@@ -371,7 +386,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         Some(file) => with_settings(file, std::env::args_os().skip(2))?,
         None => args,
     };
-    let (spec, extras) = daemon_spec(&args)?;
+    let (mut spec, mut extras) = daemon_spec(&args)?;
+    let upstream = super::upstream_env::read(|name| std::env::var(name).ok())?;
+    let flags = super::upstream_env::Flags {
+        config_given: args.config.is_some(),
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+    };
+    upstream.apply(flags, &mut spec, &mut extras);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
