@@ -21,10 +21,11 @@ need() {
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2"
   fi
 }
-# kill(1) signals the daemons (procps); iptables cuts their links on loopback; the
-# scenarios read /proc for RSS and UDP drops.
+# kill(1) signals the daemons (procps); iptables cuts their links on loopback; faketime
+# skews a node's clock; the scenarios read /proc for RSS and UDP drops.
 need kill procps
 need iptables iptables
+need faketime faketime
 
 if [ "${1:-}" != "--short" ]; then
   export CHAOS_LONG=1

@@ -6,12 +6,13 @@ cd "$(dirname "$0")/.."
 
 # The Redis backend's tests run against a real redis-server (and redis-cli for the cluster);
 # the chaos suite (crates/sluice/tests/chaos) cuts links between real daemons with iptables
-# on loopback and signals them with kill (procps).
+# on loopback, signals them with kill (procps) and skews a node's clock with faketime.
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v redis-cli >/dev/null 2>&1 || missing="$missing redis-tools"
 command -v iptables >/dev/null 2>&1 || missing="$missing iptables"
 command -v kill >/dev/null 2>&1 || missing="$missing procps"
+command -v faketime >/dev/null 2>&1 || missing="$missing faketime"
 if [ -n "$missing" ]; then
   echo "== installing$missing"
   SUDO=""

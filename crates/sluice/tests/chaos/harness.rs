@@ -129,8 +129,9 @@ pub(crate) struct Cluster {
     addrs: Vec<(SocketAddr, SocketAddr)>,
     nodes: Vec<Option<Node>>,
     start: Start,
-    /// Extra `sluice serve` arguments.
-    extra: Vec<String>,
+    /// Each node's clock rate against real time (1: its own clock; otherwise it runs under
+    /// libfaketime at that rate).
+    rates: Vec<f64>,
 }
 
 impl Cluster {
@@ -144,7 +145,7 @@ impl Cluster {
         n: usize,
         start: Start,
         yaml: &str,
-        extra: &[&str],
+        rates: &[f64],
     ) -> Self {
         let dir = std::env::temp_dir().join(format!("sluice-chaos-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -176,7 +177,9 @@ impl Cluster {
             addrs,
             nodes: (0..n).map(|_| None).collect(),
             start,
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            rates: (0..n)
+                .map(|i| rates.get(i).copied().unwrap_or(1.0))
+                .collect(),
         };
         for i in 0..n {
             c.start(i);
@@ -202,7 +205,15 @@ impl Cluster {
             .append(true)
             .open(self.dir.join(format!("node{id}.log")))
             .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        let bin = env!("CARGO_BIN_EXE_sluice");
+        let mut cmd = if self.rates[id] == 1.0 {
+            Command::new(bin)
+        } else {
+            // Every clock the process reads (monotonic included) runs at that rate.
+            let mut c = Command::new("faketime");
+            c.args(["-m", "-f", &format!("+0 x{}", self.rates[id]), bin]);
+            c
+        };
         cmd.args(["serve", "--config"])
             .arg(self.dir.join("limits.yaml"))
             .args(["--grpc-addr", &grpc.to_string()])
@@ -212,7 +223,6 @@ impl Cluster {
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
-            .args(&self.extra)
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);
