@@ -81,8 +81,8 @@ pub struct Extras {
 /// upstream's behaviour throughout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Compat {
-    /// gRPC `duration_until_reset` to the nanosecond, not in whole seconds
-    /// ([`crate::grpc::GrpcOptions::subsecond_reset`]).
+    /// `duration_until_reset` to the nanosecond, not in whole seconds, over gRPC and `/json`
+    /// ([`crate::grpc::GrpcOptions::subsecond_reset`], [`crate::http::HttpState::with_subsecond_reset`]).
     pub subsecond_reset: bool,
     /// A refused request is not counted, so its permits stay for smaller requests
     /// ([`Engine::set_count_refused`] `false`; envoyproxy/ratelimit's
@@ -240,7 +240,9 @@ impl Daemon {
         };
         let info: Option<Arc<dyn ClusterInfo>> = cluster.clone().map(|c| c as Arc<dyn ClusterInfo>);
         // One metrics registry for both APIs, so `/metrics` shows gRPC decisions too.
-        let state = crate::http::HttpState::new(engine.clone(), info).with_leases(leases);
+        let state = crate::http::HttpState::new(engine.clone(), info)
+            .with_leases(leases)
+            .with_subsecond_reset(extras.compat.subsecond_reset);
         let metrics = state.metrics();
         let mut tasks = Vec::new();
         {

@@ -25,9 +25,10 @@
 //! `null` for an absent field, unknown fields refused — and the answer is the protojson
 //! `RateLimitResponse` (lowerCamelCase names, enums by name, zero values left out,
 //! `durationUntilReset` as a protojson `Duration` string such as `"1s"`). Status codes are
-//! its: 200 for `OK`, 429 for `OVER_LIMIT`, 400 for what it cannot decide. Where Sluice
-//! differs: `durationUntilReset` keeps the engine's precision (`"0.750s"`; it rounds to whole
-//! seconds), an error's body says what is wrong (it writes `Bad Request`), only `POST` is
+//! its: 200 for `OK`, 429 for `OVER_LIMIT`, 400 for what it cannot decide.
+//! `durationUntilReset` is whole seconds, rounded up, as upstream's (`"1s"` in a per-second
+//! window); [`HttpState::with_subsecond_reset`] keeps the engine's precision (`"0.750s"`), as
+//! the gRPC shell's option does. Where Sluice differs: an error's body says what is wrong (it writes `Bad Request`), only `POST` is
 //! accepted (it answers any method), bodies are limited to [`MAX_BODY`] (413), and
 //! `is_negative_hits` is refused (400) as on the gRPC side. The JSON is turned into the
 //! protobuf request and then into the engine's request by the same code as gRPC
@@ -114,6 +115,9 @@ pub struct HttpState {
     clock: Arc<dyn Clock>,
     ready: Arc<AtomicBool>,
     leases: Arc<Leases>,
+    /// `/json` and the plain check give `durationUntilReset` to the nanosecond instead of in
+    /// whole seconds (upstream's).
+    subsecond_reset: bool,
 }
 
 impl fmt::Debug for HttpState {
@@ -141,7 +145,17 @@ impl HttpState {
             clock: Arc::new(UnixClock),
             ready: Arc::new(AtomicBool::new(true)),
             leases: Arc::new(Leases::default()),
+            subsecond_reset: false,
         }
+    }
+
+    /// The same state answering `durationUntilReset` to the nanosecond (`sluice serve
+    /// --subsecond-reset`); by default it is whole seconds, rounded up, as envoyproxy/ratelimit
+    /// answers.
+    #[must_use]
+    pub fn with_subsecond_reset(mut self, subsecond: bool) -> Self {
+        self.subsecond_reset = subsecond;
+        self
     }
 
     /// The same state handing out capacity leases from `leases` (by default a table of its
@@ -304,7 +318,7 @@ async fn json(State(s): State<HttpState>, body: Result<Bytes, BytesRejection>) -
         Ok(response) => (
             status_of(&response),
             [(header::CONTENT_TYPE, JSON)],
-            response_json(&response),
+            response_json(&response, s.subsecond_reset),
         )
             .into_response(),
         Err(e) => Refusal::bad(e.to_string()).into_response(),
@@ -389,7 +403,11 @@ async fn plain(s: &HttpState, api: Api, request: &Request) -> HttpResponse {
         Ok(r) => r,
         Err(e) => return Refusal::bad(e.to_string()).into_response(),
     };
-    let mut answer = (status_of(&response), response_json(&response)).into_response();
+    let mut answer = (
+        status_of(&response),
+        response_json(&response, s.subsecond_reset),
+    )
+        .into_response();
     let headers = answer.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
     for (name, value) in rate_limit_headers(&response) {
@@ -958,7 +976,15 @@ pub fn proto_duration(ns: Nanos) -> String {
     }
 }
 
-fn status_json(s: &DescriptorStatus) -> JsonStatus {
+fn status_json(s: &DescriptorStatus, subsecond: bool) -> JsonStatus {
+    // envoyproxy/ratelimit: the time left in the window, rounded up to a whole second.
+    let reset = |ns: Nanos| {
+        if subsecond {
+            proto_duration(ns)
+        } else {
+            proto_duration(ns.div_ceil(NS_PER_S).saturating_mul(NS_PER_S))
+        }
+    };
     JsonStatus {
         code: code_name(s.code),
         current_limit: s.current_limit.map(|l| JsonLimit {
@@ -967,16 +993,21 @@ fn status_json(s: &DescriptorStatus) -> JsonStatus {
             unit: unit_name(l.unit),
         }),
         limit_remaining: s.limit_remaining,
-        duration_until_reset: s.duration_until_reset.map(proto_duration),
+        duration_until_reset: s.duration_until_reset.map(reset),
     }
 }
 
-/// The protojson form of `response` (`RateLimitResponse`), as `/json` answers it.
+/// The protojson form of `response` (`RateLimitResponse`), as `/json` answers it;
+/// `durationUntilReset` in whole seconds (rounded up) unless `subsecond`.
 #[must_use]
-pub fn response_json(response: &Response) -> String {
+pub fn response_json(response: &Response, subsecond: bool) -> String {
     let json = JsonResponse {
         overall_code: code_name(response.overall_code),
-        statuses: response.statuses.iter().map(status_json).collect(),
+        statuses: response
+            .statuses
+            .iter()
+            .map(|st| status_json(st, subsecond))
+            .collect(),
     };
     // Plain structs of strings and integers: serialising cannot fail.
     serde_json::to_string(&json).unwrap_or_default()
@@ -1101,8 +1132,14 @@ mod tests {
             ],
         };
         assert_eq!(
-            response_json(&r),
+            response_json(&r, true),
             r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"unit":"SECOND"},"durationUntilReset":"0.250s"},{"code":"OK"}]}"#
+        );
+        // Upstream's whole seconds, rounded up (its `duration_until_reset` is the unit's
+        // length minus the whole seconds since the window began).
+        assert_eq!(
+            response_json(&r, false),
+            r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"unit":"SECOND"},"durationUntilReset":"1s"},{"code":"OK"}]}"#
         );
     }
 

@@ -67,9 +67,19 @@ impl Server {
     }
 
     async fn start_with(yaml: &str, cluster: Option<Arc<dyn ClusterInfo>>) -> Self {
+        Self::start_opts(yaml, cluster, false).await
+    }
+
+    async fn start_opts(
+        yaml: &str,
+        cluster: Option<Arc<dyn ClusterInfo>>,
+        subsecond_reset: bool,
+    ) -> Self {
         let engine = Arc::new(Engine::new(Config::from_yaml("test.yaml", yaml).unwrap()));
         let clock = Arc::new(ManualClock::new(T0));
-        let state = HttpState::new(Arc::clone(&engine), cluster).with_clock(clock.clone());
+        let state = HttpState::new(Arc::clone(&engine), cluster)
+            .with_clock(clock.clone())
+            .with_subsecond_reset(subsecond_reset);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -186,19 +196,31 @@ fn protojson(r: &Response) -> Value {
                 v["limitRemaining"] = json!(s.limit_remaining);
             }
             if let Some(d) = s.duration_until_reset {
-                let (secs, nanos) = (d / 1_000_000_000, d % 1_000_000_000);
-                v["durationUntilReset"] = json!(if nanos == 0 {
-                    format!("{secs}s")
-                } else if nanos % 1_000_000 == 0 {
-                    format!("{secs}.{:03}s", nanos / 1_000_000)
-                } else {
-                    format!("{secs}.{nanos:09}s")
-                });
+                // Upstream's whole seconds, rounded up.
+                v["durationUntilReset"] = json!(format!("{}s", d.div_ceil(1_000_000_000)));
             }
             v
         })
         .collect();
     json!({"overallCode": code(r.overall_code), "statuses": statuses})
+}
+
+/// `--subsecond-reset`: `/json` gives the time left to the nanosecond (the window ends 750 ms
+/// after T0), where upstream, and the default, round it up to a whole second.
+#[tokio::test]
+async fn json_reset_to_the_nanosecond_is_opt_in() {
+    bounded(async {
+        let s = Server::start_opts(EDGE, None, true).await;
+        let r = s.post_json("/json", &ip("10.0.0.1")).await;
+        assert_eq!(
+            r.json()["statuses"][0]["durationUntilReset"],
+            json!("0.750s")
+        );
+        let s = Server::start_opts(EDGE, None, false).await;
+        let r = s.post_json("/json", &ip("10.0.0.1")).await;
+        assert_eq!(r.json()["statuses"][0]["durationUntilReset"], json!("1s"));
+    })
+    .await;
 }
 
 /// The envoyproxy/ratelimit README's example answers, literally: 10 per second for an
@@ -212,7 +234,7 @@ async fn json_answers_like_envoyproxy_ratelimit() {
         assert_eq!(r.header("content-type"), "application/json");
         assert_eq!(
             r.body,
-            r#"{"overallCode":"OK","statuses":[{"code":"OK","currentLimit":{"requestsPerUnit":10,"unit":"SECOND"},"limitRemaining":9,"durationUntilReset":"0.750s"}]}"#
+            r#"{"overallCode":"OK","statuses":[{"code":"OK","currentLimit":{"requestsPerUnit":10,"unit":"SECOND"},"limitRemaining":9,"durationUntilReset":"1s"}]}"#
         );
         for _ in 2..=10 {
             assert_eq!(
@@ -224,7 +246,7 @@ async fn json_answers_like_envoyproxy_ratelimit() {
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
             r.body,
-            r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":10,"unit":"SECOND"},"durationUntilReset":"0.750s"}]}"#
+            r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":10,"unit":"SECOND"},"durationUntilReset":"1s"}]}"#
         );
         // A block rule (requests_per_unit 0): protojson leaves the zero out.
         let r = s.post_json("/json", &ip("50.0.0.5")).await;

@@ -102,8 +102,8 @@ pub(crate) struct Args {
     /// cluster's size, else 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     redis_nodes: Option<u64>,
-    /// gRPC `duration_until_reset` to the nanosecond (envoyproxy/ratelimit, and Sluice by
-    /// default, give whole seconds, rounded up).
+    /// `duration_until_reset` (gRPC, `/json`) to the nanosecond (envoyproxy/ratelimit, and
+    /// Sluice by default, give whole seconds, rounded up).
     #[arg(long)]
     subsecond_reset: bool,
     /// Do not count refused requests, so their permits stay for smaller ones
