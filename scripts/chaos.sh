@@ -5,8 +5,8 @@
 # Each scenario prints one line: `chaos NAME: field=value ...` (overshoot as the largest 1 s
 # window against L + burst = 1,100, recovery times, RSS, UDP drops, incarnations).
 #
-#   bash scripts/chaos.sh          # the long version: 1,000,000-key flood (about 5 minutes)
-#   bash scripts/chaos.sh --short  # the version the test command runs (about a minute)
+#   bash scripts/chaos.sh          # the long version: 1,000,000-key flood (about 12 minutes)
+#   bash scripts/chaos.sh --short  # the version the test command runs (about two minutes)
 #
 # Loopback only; every scenario is bounded in time and stops its processes itself.
 set -euo pipefail
