@@ -365,6 +365,9 @@ pub(crate) fn body(tenant: &str) -> String {
 /// admitted.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Answer {
+    /// When the request was sent: the node decided it between `sent` and `at`.
+    pub(crate) sent: Duration,
+    /// When the answer came.
     pub(crate) at: Duration,
     pub(crate) node: usize,
     pub(crate) ok: bool,
@@ -422,10 +425,12 @@ impl Load {
                             std::thread::sleep(wait);
                         }
                         due += gap;
+                        let sent = origin.elapsed();
                         let status = conn.post(&body, Duration::from_secs(10));
                         let at = origin.elapsed();
                         if let Some(s) = status {
                             mine.push(Answer {
+                                sent,
                                 at,
                                 node,
                                 ok: s == 200,
@@ -481,27 +486,34 @@ impl Record {
     }
 
     /// The most admitted in any sliding window of `width` within `[from, to)`, and where
-    /// that window starts.
+    /// that window starts. An admission counts in a window only when the node must have
+    /// decided it there: sent and answered inside it (on loopback that is ~0.1 ms either
+    /// way; a client or machine stall would otherwise move answers into a later window and
+    /// count, at the client, more than any node admitted in one).
     pub(crate) fn max_window(
         &self,
         width: Duration,
         from: Duration,
         to: Duration,
     ) -> (u64, Duration) {
-        let t: Vec<Duration> = self
-            .admitted()
-            .into_iter()
-            .filter(|&a| a >= from && a < to)
+        let mut t: Vec<(Duration, Duration)> = self
+            .answers
+            .iter()
+            .filter(|a| a.ok && a.sent >= from && a.at < to)
+            .map(|a| (a.sent, a.at))
             .collect();
-        let (mut best, mut at, mut j) = (0u64, from, 0usize);
-        for i in 0..t.len() {
-            while t[i] - t[j] >= width {
-                j += 1;
-            }
-            let n = (i - j + 1) as u64;
+        t.sort_unstable();
+        let (mut best, mut at) = (0u64, from);
+        for (i, &(start, _)) in t.iter().enumerate() {
+            let end = start + width;
+            let n = t[i..]
+                .iter()
+                .take_while(|&&(sent, _)| sent < end)
+                .filter(|&&(_, answered)| answered < end)
+                .count() as u64;
             if n > best {
                 best = n;
-                at = t[j];
+                at = start;
             }
         }
         (best, at)
