@@ -56,14 +56,17 @@ pub mod central;
 // envoyproxy/ratelimit's counting details: share_threshold counters, near_limit, checks of 0.
 #[path = "upstream.rs"]
 mod upstream;
+// The key a descriptor's counter is stored under, and its borrowed view for lookups.
+#[path = "counter_key.rs"]
+mod counter_key;
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use foldhash::HashMap;
-use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyView, KeyedStore, Limit, Nanos, Options};
+use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyedStore, Limit, Nanos, Options};
 
 use crate::config::{
     Config, ConfigError, ConfigSource, Coordination, Limited, Policy, RateLimit, Rule,
@@ -71,6 +74,7 @@ use crate::config::{
 use crate::shares::{Shares, cluster_key, scaled};
 use crate::stats::{Outcome, RuleStats, StatsRegistry};
 use central::{Central, CentralStatus};
+use counter_key::{CounterKey, CounterView};
 use upstream::{near_limit_hits, over_already, shared_counter};
 
 use crate::token_server::{TokenClient, TokenStatus};
@@ -218,98 +222,6 @@ pub enum RequestError {
     /// No descriptor.
     #[error("rate limit descriptor list must not be empty")]
     NoDescriptors,
-}
-
-/// The counter of one descriptor: its domain and its own key/value pairs (envoyproxy/
-/// ratelimit's cache key without the window, which the algorithm keeps).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CounterKey {
-    domain: Box<str>,
-    entries: Box<[(Box<str>, Box<str>)]>,
-    /// The descriptor's `limit` override, if it had one: such a counter is governed by it,
-    /// not by the configuration (which is what [`Engine::retain_idle`] needs to know).
-    limit: Option<RateLimit>,
-}
-
-/// The hash of a counter key from its parts, shared by [`CounterKey`] and [`CounterView`]
-/// so a request's borrowed strings find the stored key without building one.
-fn hash_counter<'a, H: Hasher>(
-    state: &mut H,
-    domain: &str,
-    entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
-    limit: Option<RateLimit>,
-) {
-    domain.hash(state);
-    state.write_usize(entries.len());
-    for (k, v) in entries {
-        k.hash(state);
-        v.hash(state);
-    }
-    limit.hash(state);
-}
-
-impl Hash for CounterKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        hash_counter(
-            state,
-            &self.domain,
-            self.entries.iter().map(|(k, v)| (&**k, &**v)),
-            self.limit,
-        );
-    }
-}
-
-/// A [`CounterKey`] borrowed from a request: the decision's lookup allocates nothing; the
-/// owned key is built only when a new counter is stored.
-struct CounterView<'a> {
-    domain: &'a str,
-    descriptor: &'a Descriptor,
-}
-
-impl Hash for CounterView<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        hash_counter(
-            state,
-            self.domain,
-            self.descriptor
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str())),
-            self.descriptor.limit,
-        );
-    }
-}
-
-impl KeyView<CounterKey> for CounterView<'_> {
-    fn matches(&self, key: &CounterKey) -> bool {
-        let d = self.descriptor;
-        *key.domain == *self.domain
-            && key.limit == d.limit
-            && key.entries.len() == d.entries.len()
-            && key
-                .entries
-                .iter()
-                .zip(&d.entries)
-                .all(|((k, v), e)| **k == *e.key && **v == *e.value)
-    }
-
-    fn to_key(&self) -> CounterKey {
-        CounterKey::new(self.domain, self.descriptor)
-    }
-}
-
-impl CounterKey {
-    fn new(domain: &str, d: &Descriptor) -> Self {
-        Self {
-            limit: d.limit,
-            domain: domain.into(),
-            entries: d
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str().into(), e.value.as_str().into()))
-                .collect(),
-        }
-    }
 }
 
 /// A center that decides some rules for all nodes, as attached to the engine.

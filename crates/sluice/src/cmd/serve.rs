@@ -149,36 +149,6 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("{flag}: `{text}` is not a duration (e.g. 100ms, 1s)"))
 }
 
-/// Reads, increments and writes back the incarnation (written before the node starts, so a
-/// crash right after start still moves it on).
-fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
-    let last = match std::fs::read_to_string(path) {
-        Ok(t) => t
-            .trim()
-            .parse::<u64>()
-            .with_context(|| format!("{}: not an incarnation number", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let next = last + 1;
-    sluice_server::cluster::persist_incarnation(path, next)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(next)
-}
-
-/// An incarnation from the wall clock, milliseconds since 1970: larger than any incarnation
-/// an earlier start of this node held (a start takes more than a millisecond, and a node
-/// reincarnates at run time at most once per lease), unless the clock was set back by more
-/// than the time between the two starts. Never 1: a start without a state file cannot tell
-/// whether it is the first.
-fn clock_incarnation() -> anyhow::Result<u64> {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the system clock is before 1970: give --incarnation or --state-file")?
-        .as_millis();
-    Ok(u64::try_from(ms).unwrap_or(u64::MAX).max(2))
-}
-
 fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
     let text = match file {
         Some(f) => std::fs::read_to_string(f)
@@ -225,14 +195,7 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.fallback = parse_fallback(&args.fallback)?;
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
-    spec.incarnation = match (&args.state_file, args.incarnation) {
-        (Some(p), _) => next_incarnation(p)?,
-        (None, Some(i)) => {
-            anyhow::ensure!(i >= 1, "--incarnation: must be at least 1");
-            i
-        }
-        (None, None) => clock_incarnation()?,
-    };
+    spec.incarnation = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
     Ok(Some((spec, args.peer_addr)))
 }
 

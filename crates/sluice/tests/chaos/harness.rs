@@ -6,7 +6,6 @@
 //! node through a few keep-alive HTTP connections, and records the instant of every answer;
 //! [`Record`] turns that into what an SRE measures: admitted per sliding 1 s window against
 //! `L + burst`, over-throttling, and the longest time the cluster admitted (nearly) nothing.
-#![allow(dead_code)] // each scenario uses a part of the harness
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -117,8 +116,8 @@ pub(crate) enum Start {
     Plain,
 }
 
+/// A running node's process.
 pub(crate) struct Node {
-    pub(crate) http: SocketAddr,
     child: Child,
 }
 
@@ -231,7 +230,6 @@ impl Cluster {
                 .arg(self.dir.join(format!("node{id}.incarnation")));
         }
         self.nodes[id] = Some(Node {
-            http,
             child: cmd.spawn().unwrap(),
         });
     }
@@ -287,6 +285,18 @@ impl Cluster {
     pub(crate) fn status(&self, id: usize) -> Option<serde_json::Value> {
         let (code, body) = http(self.addr(id), "GET", "/v1/cluster", "")?;
         (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    /// Every running node's `/v1/cluster`, a line each (for a failure's message).
+    pub(crate) fn statuses(&self) -> String {
+        (0..self.len())
+            .filter(|&i| self.running(i))
+            .map(|i| {
+                let v = self.status(i).map(|v| v.to_string()).unwrap_or_default();
+                format!("node {i}: {v}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The node's share of the rule's key (its default share if it has no state for it).

@@ -128,15 +128,7 @@ fn restart_then_crash(start: Start, restarted: usize, victim: usize) {
     let crashed = load.elapsed();
     std::thread::sleep(8 * SEC);
     let shares = c.total_share();
-    let statuses: Vec<String> = (0..3)
-        .filter(|&i| c.running(i))
-        .map(|i| {
-            format!(
-                "node {i}: {}",
-                c.status(i).map(|v| v.to_string()).unwrap_or_default()
-            )
-        })
-        .collect();
+    let statuses = c.statuses();
     let r = load.finish();
     let most = assert_no_overshoot(name, &r, 3);
     // The demand left (the crashed node's clients are gone), up to the limit.
@@ -162,7 +154,7 @@ fn restart_then_crash(start: Start, restarted: usize, victim: usize) {
         back.is_some_and(|b| b <= crashed + bound),
         "{name}: not back at {floor}/s within {bound:?} of the crash \
          (least window {least} at {least_at:?}); status:\n{}",
-        statuses.join("\n")
+        statuses
     );
     assert_whole(name, shares, "both survivors answer");
 }
@@ -397,15 +389,7 @@ fn partition_then_crash(victim: usize) {
     let crashed = load.elapsed();
     std::thread::sleep(8 * SEC);
     let shares = c.total_share();
-    let statuses: Vec<String> = (0..4)
-        .filter(|&i| c.running(i))
-        .map(|i| {
-            format!(
-                "node {i}: {}",
-                c.status(i).map(|v| v.to_string()).unwrap_or_default()
-            )
-        })
-        .collect();
+    let statuses = c.statuses();
     let r = load.finish();
     let most = assert_no_overshoot(name, &r, 4);
     let bound = Duration::from_millis(LEASE_MS * 3);
@@ -428,7 +412,7 @@ fn partition_then_crash(victim: usize) {
     assert!(
         back.is_some_and(|b| b <= crashed + bound),
         "{name}: not back at {floor}/s within {bound:?} of the crash; status:\n{}",
-        statuses.join("\n")
+        statuses
     );
     assert_whole(name, shares, "every survivor answers");
 }
