@@ -129,8 +129,12 @@ pub enum Step {
     AddNode(Box<Config>),
     /// Crash a node (it forgets everything, sends and enforces nothing).
     Crash(NodeId),
-    /// Restart a crashed node as a new incarnation.
+    /// Restart a crashed node as a new incarnation that knows the one it follows (a daemon
+    /// with a state file).
     Restart(NodeId),
+    /// Restart a crashed node as a much later incarnation that does not know the one it
+    /// follows (a daemon without a state file: its incarnation comes from the clock).
+    RestartFromClock(NodeId),
     /// Cut these nodes off from the others.
     Partition(Vec<NodeId>),
     /// Remove every partition.
@@ -381,17 +385,19 @@ impl Cluster {
                 }
                 self.flights.retain(|f| f.to != id);
             }
-            Step::Restart(id) => {
+            Step::Restart(id) | Step::RestartFromClock(id) => {
                 let local = self.local(id);
+                let from_clock = matches!(step, Step::RestartFromClock(_));
                 if let Some(s) = self.slots.get_mut(&id)
                     && s.node.is_none()
                 {
-                    // A restart that persisted its incarnation knows the one it follows.
+                    // A restart that persisted its incarnation knows the one it follows; one
+                    // from the clock jumps far ahead and knows nothing.
                     let previous = s.incarnation;
-                    s.incarnation += 1;
+                    s.incarnation += if from_clock { 1_000_000 } else { 1 };
                     let mut cfg = s.cfg.clone();
                     cfg.incarnation = s.incarnation;
-                    cfg.previous_incarnation = Some(previous);
+                    cfg.previous_incarnation = (!from_clock).then_some(previous);
                     s.node = Node::new(cfg, local).ok();
                     if let Some(n) = s.node.as_mut() {
                         for (&k, &r) in &s.demand {

@@ -99,6 +99,9 @@ pub struct ClusterSpec {
     pub fallback: Fallback,
     /// This node's incarnation: 1 on a first start, larger on every restart.
     pub incarnation: u64,
+    /// The incarnation the previous start ended as, when known exactly (from the state
+    /// file): `sluice_coord::node::Config::previous_incarnation`.
+    pub previous_incarnation: Option<u64>,
     /// A key with no demand for this long gives its capacity back and its state is dropped
     /// (`sluice_coord` "Idle keys"); it comes back from the static split.
     pub idle_after: Duration,
@@ -127,6 +130,7 @@ impl ClusterSpec {
             lease: Duration::from_secs(1),
             fallback: Fallback::None,
             incarnation: 1,
+            previous_incarnation: None,
             idle_after: Duration::from_secs(30),
             // Settlements finish within a few leases; ten minutes leaves room for a heir
             // cut off from us that long, and bounds what rolling restarts leave behind.
@@ -262,6 +266,9 @@ impl<T: Transport> Cluster<T> {
         let links: Vec<(NodeId, f64)> = spec.peers.iter().map(|p| (p.id, p.weight)).collect();
         let mut cfg = NodeConfig::new(spec.node_id, members.clone(), links, SCALE);
         cfg.incarnation = spec.incarnation.max(1);
+        cfg.previous_incarnation = spec
+            .previous_incarnation
+            .filter(|&p| p >= 1 && p < cfg.incarnation);
         // Best friend: the next member after us, so heirs spread around the cluster.
         cfg.heir = members
             .iter()

@@ -6,22 +6,38 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+/// The incarnation to start as, and the one it follows when that is known exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Start {
+    pub(crate) incarnation: u64,
+    /// The incarnation the previous start ended as (the state file's), `None` on a first
+    /// start or when it is not known (`--incarnation`, the clock). The coordination core
+    /// takes it as `Config::previous_incarnation`: the restart path its fault sweeps drive.
+    pub(crate) previous: Option<u64>,
+}
+
 /// The incarnation to start as: with a state file, the next one (recorded before the node
 /// starts); else `given`; else the clock's.
-pub(crate) fn at_start(state_file: Option<&Path>, given: Option<u64>) -> anyhow::Result<u64> {
+pub(crate) fn at_start(state_file: Option<&Path>, given: Option<u64>) -> anyhow::Result<Start> {
     match (state_file, given) {
         (Some(p), _) => next_incarnation(p),
         (None, Some(i)) => {
             anyhow::ensure!(i >= 1, "--incarnation: must be at least 1");
-            Ok(i)
+            Ok(Start {
+                incarnation: i,
+                previous: None,
+            })
         }
-        (None, None) => clock_incarnation(),
+        (None, None) => Ok(Start {
+            incarnation: clock_incarnation()?,
+            previous: None,
+        }),
     }
 }
 
 /// Reads, increments and writes back the incarnation (written before the node starts, so a
 /// crash right after start still moves it on).
-fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
+fn next_incarnation(path: &Path) -> anyhow::Result<Start> {
     let last = match std::fs::read_to_string(path) {
         Ok(t) => t
             .trim()
@@ -33,7 +49,10 @@ fn next_incarnation(path: &Path) -> anyhow::Result<u64> {
     let next = last + 1;
     sluice_server::cluster::persist_incarnation(path, next)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(next)
+    Ok(Start {
+        incarnation: next,
+        previous: (last >= 1).then_some(last),
+    })
 }
 
 /// An incarnation from the wall clock, milliseconds since 1970: larger than any incarnation
@@ -61,13 +80,26 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("incarnation");
         let _ = std::fs::remove_file(&file);
-        assert_eq!(at_start(Some(&file), None).unwrap(), 1, "first start");
-        assert_eq!(at_start(Some(&file), Some(9)).unwrap(), 2, "the file wins");
-        assert_eq!(at_start(None, Some(9)).unwrap(), 9);
+        let start = |i, p| Start {
+            incarnation: i,
+            previous: p,
+        };
+        assert_eq!(
+            at_start(Some(&file), None).unwrap(),
+            start(1, None),
+            "first"
+        );
+        assert_eq!(
+            at_start(Some(&file), Some(9)).unwrap(),
+            start(2, Some(1)),
+            "the file wins, and says which incarnation the restart follows"
+        );
+        assert_eq!(at_start(None, Some(9)).unwrap(), start(9, None));
         assert!(at_start(None, Some(0)).is_err());
         let a = at_start(None, None).unwrap();
+        assert_eq!(a.previous, None, "the clock does not know the previous one");
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let b = at_start(None, None).unwrap();
+        let (a, b) = (a.incarnation, at_start(None, None).unwrap().incarnation);
         assert!(a > 1 && b > a, "clock incarnations {a} then {b}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -195,7 +195,9 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.fallback = parse_fallback(&args.fallback)?;
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
-    spec.incarnation = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
+    let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
+    spec.incarnation = start.incarnation;
+    spec.previous_incarnation = start.previous;
     Ok(Some((spec, args.peer_addr)))
 }
 
