@@ -424,6 +424,8 @@ struct Resource {
     ids: HashMap<Box<str>, (ClientId, Units)>,
     next_id: ClientId,
     cluster: Option<ClusterRef>,
+    /// The rule's limit (rate units): the most the clients' wants add up to.
+    limit: Units,
     /// Demand reporting: when last reported, and the remainder below one request, in
     /// units·ns (`RATE_SCALE·10⁹` of them make one request).
     reported_at: Nanos,
@@ -474,7 +476,12 @@ impl Resource {
     fn demand_since(&mut self, now: Nanos) -> u64 {
         let elapsed = now.saturating_sub(self.reported_at);
         self.reported_at = self.reported_at.max(now);
-        let wants: u128 = self.ids.values().map(|&(_, w)| u128::from(w)).sum();
+        let wants: u128 = self
+            .ids
+            .values()
+            .map(|&(_, w)| u128::from(w))
+            .sum::<u128>()
+            .min(u128::from(self.limit));
         let acc = self.carry + wants * u128::from(elapsed);
         let one = u128::from(RATE_SCALE) * NS_PER_S;
         self.carry = acc % one;
@@ -624,6 +631,10 @@ impl Leases {
                 cluster,
             } => (limit, share, cluster),
         };
+        // Nobody can use more than the whole limit: a client asking for more (1e308 once
+        // moved every node's share to the one it asked) is taken to ask for the limit, here
+        // and in the demand this node reports to the cluster.
+        let wants = wants.min(limit);
         let mut inner = self.inner.lock();
         self.sweep_if_due(&mut inner, now);
         let key = ResourceKey::new(&request.domain, &request.descriptor);
@@ -640,6 +651,7 @@ impl Leases {
                     ids: HashMap::default(),
                     next_id: 0,
                     cluster,
+                    limit,
                     reported_at: now,
                     carry: 0,
                 },
@@ -649,6 +661,7 @@ impl Leases {
             return Err(LeaseError::TooManyResources(self.config.max_resources));
         };
         r.cluster = cluster;
+        r.limit = limit;
         r.expire_retired(now);
         let changed = r.table.policy() != terms.policy || r.table.lease_duration() != terms.lease;
         if changed && r.retired.len() < MAX_RETIRED {
@@ -908,6 +921,28 @@ descriptors:
         let b = leases.acquire_with(S + 1, cap, &ask("b", 900.0)).unwrap();
         assert_eq!(b.rate_units, units_of(900.0));
         assert_eq!(b.clients, 1);
+    }
+
+    /// Issue "Central backends", bounded inputs: `wants: 1e308` moved a cluster rule's
+    /// whole limit to the node asked. A want is taken as at most the limit, in the grant and
+    /// in the demand the node reports (over one second, at most the limit's requests).
+    #[test]
+    fn wants_above_the_limit_count_as_the_limit() {
+        let leases = Leases::new(LeaseConfig::with_lease(Duration::from_secs(10))).unwrap();
+        let cap = Capacity::fixed(units_of(1_000.0));
+        let g = leases.acquire_with(0, cap, &ask("greedy", 1e308)).unwrap();
+        assert_eq!(g.rate_units, units_of(1_000.0));
+        let g = leases.acquire_with(0, cap, &ask("other", 1e308)).unwrap();
+        assert_eq!(g.rate_units, 0, "the limit is already leased");
+        let key = ResourceKey::new("d", &Descriptor::new([("k", "v")]));
+        let demand = leases
+            .inner
+            .lock()
+            .resources
+            .get_mut(&key)
+            .map(|r| r.demand_since(S))
+            .unwrap();
+        assert_eq!(demand, 1_000, "two greedy clients report the limit, not 2e308");
     }
 
     #[test]
