@@ -942,7 +942,10 @@ descriptors:
             .get_mut(&key)
             .map(|r| r.demand_since(S))
             .unwrap();
-        assert_eq!(demand, 1_000, "two greedy clients report the limit, not 2e308");
+        assert_eq!(
+            demand, 1_000,
+            "two greedy clients report the limit, not 2e308"
+        );
     }
 
     #[test]

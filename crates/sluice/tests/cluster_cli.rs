@@ -628,3 +628,53 @@ fn a_settings_file_peer_addr_is_used() {
     drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Logs off a terminal carry no colour codes, and `LOG_FORMAT=json` (envoyproxy/ratelimit's
+/// setting; `--log-format json` is the flag) makes every line one JSON object.
+#[test]
+fn logs_are_plain_off_a_terminal_and_json_when_asked() {
+    use std::io::BufRead as _;
+    for json in [false, true] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--watch", "off"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        if json {
+            cmd.env("LOG_FORMAT", "json");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("sluice serve logged nothing");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(line.contains("listening"), "first line: {line}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "colour codes in a piped log: {line:?}"
+        );
+        let parsed = serde_json::from_str::<serde_json::Value>(&line);
+        assert_eq!(parsed.is_ok(), json, "JSON wanted: {json}; line: {line}");
+        if json {
+            assert_eq!(parsed.unwrap()["level"], "INFO");
+        }
+    }
+}

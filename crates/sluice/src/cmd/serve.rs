@@ -111,6 +111,10 @@ pub(crate) struct Args {
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true does the same as this flag).
     #[arg(long)]
     stop_increment_when_over_limit: bool,
+    /// Log lines as `text` or `json` (default: envoyproxy/ratelimit's LOG_FORMAT, else
+    /// text). RUST_LOG filters them (else LOG_LEVEL, else info).
+    #[arg(long, value_enum)]
+    log_format: Option<super::LogFormat>,
     /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
     #[command(flatten)]
     token: Box<TokenArgs>,
@@ -345,12 +349,18 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    super::init_logs();
     let args = match &args.settings {
         // Everything after `sluice serve`, as the user typed it.
         Some(file) => with_settings(file, std::env::args_os().skip(2))?,
         None => args,
     };
+    let logs = super::upstream_env::logs(|name| std::env::var(name).ok())?;
+    super::init_logs(
+        args.log_format
+            .or(logs.format)
+            .unwrap_or(super::LogFormat::Text),
+        logs.level,
+    );
     let (mut spec, mut extras) = daemon_spec(&args)?;
     let upstream = super::upstream_env::read(|name| std::env::var(name).ok())?;
     let flags = super::upstream_env::Flags {

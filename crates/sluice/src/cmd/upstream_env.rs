@@ -71,8 +71,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "GRPC_CLIENT_TLS_SAN",
         "no TLS: terminate it in front of Sluice",
     ),
-    ("LOG_LEVEL", "set RUST_LOG (e.g. RUST_LOG=warn)"),
-    ("LOG_FORMAT", "logs are text"),
     (
         "CONFIG_TYPE",
         "configuration comes from files only (no xDS)",
@@ -226,6 +224,40 @@ impl Upstream {
     }
 }
 
+/// `LOG_FORMAT` and `LOG_LEVEL`, read before the logs start.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Logs {
+    pub(crate) format: Option<super::LogFormat>,
+    /// A `RUST_LOG`-style level (used when `RUST_LOG` is not set).
+    pub(crate) level: Option<&'static str>,
+}
+
+/// Reads `LOG_FORMAT` (`json` or `text`, as upstream) and `LOG_LEVEL` (upstream's logrus
+/// levels; `fatal` and `panic` log errors only).
+///
+/// # Errors
+/// A value upstream would not accept either.
+pub(crate) fn logs(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Logs> {
+    let format = match var("LOG_FORMAT").as_deref().map(str::to_ascii_lowercase) {
+        None => None,
+        Some(f) if f == "json" => Some(super::LogFormat::Json),
+        Some(f) if f == "text" || f.is_empty() => Some(super::LogFormat::Text),
+        Some(f) => bail!("LOG_FORMAT={f}: expected json or text"),
+    };
+    let level = match var("LOG_LEVEL").as_deref().map(str::to_ascii_lowercase) {
+        None => None,
+        Some(l) => Some(match l.as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "fatal" | "panic" => "error",
+            _ => bail!("LOG_LEVEL={l}: expected trace, debug, info, warn, error, fatal or panic"),
+        }),
+    };
+    Ok(Logs { format, level })
+}
+
 /// A boolean as Go's `strconv.ParseBool` reads it.
 fn boolean(name: &str, value: &str) -> anyhow::Result<bool> {
     match value {
@@ -334,6 +366,23 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn log_format_and_level_are_read_as_upstream_reads_them() {
+        assert_eq!(logs(env(&[])).unwrap(), Logs::default());
+        let l = logs(env(&[("LOG_FORMAT", "json"), ("LOG_LEVEL", "WARN")])).unwrap();
+        assert_eq!(l.format, Some(crate::cmd::LogFormat::Json));
+        assert_eq!(l.level, Some("warn"));
+        assert_eq!(
+            logs(env(&[("LOG_LEVEL", "fatal")])).unwrap().level,
+            Some("error")
+        );
+        assert!(logs(env(&[("LOG_FORMAT", "xml")])).is_err());
+        assert!(logs(env(&[("LOG_LEVEL", "loud")])).is_err());
+        // Applied, so not among the warnings of what has no effect.
+        let u = read(env(&[("LOG_FORMAT", "json"), ("LOG_LEVEL", "debug")])).unwrap();
+        assert!(u.warnings.is_empty(), "{:?}", u.warnings);
     }
 
     #[test]
