@@ -506,10 +506,11 @@ pub fn dynamic_metadata(request: &Request, response: &Response) -> pb_struct::St
     }
     let mut passed = Metadata::new();
     for s in &response.statuses {
-        if s.code == Code::Ok && !s.is_unlimited() {
-            if let Some(m) = &s.metadata {
-                merge_metadata(&mut passed, m);
-            }
+        if let Some(m) = &s.metadata
+            && s.code == Code::Ok
+            && !s.is_unlimited()
+        {
+            merge_metadata(&mut passed, m);
         }
     }
     if !passed.is_empty() {
