@@ -224,6 +224,9 @@ pub enum Policy {
     Limited(Limited),
 }
 
+/// A descriptor's `metadata`: a JSON object.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
 /// A `rate_limit` block of a descriptor, with the descriptor's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -237,13 +240,16 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// `shadow_mode`: counted, but always answered OK.
     pub shadow_mode: bool,
-    /// `quota_mode` (envoyproxy/ratelimit, 2026): counted, always answered OK; a descriptor
-    /// over its quota is listed in the response's `dynamic_metadata` (`quotaModeViolations`)
-    /// instead of being refused.
+    /// `quota_mode` (envoyproxy/ratelimit, 2026): a descriptor over its quota is answered
+    /// `OVER_LIMIT`, but refuses the request only when every quota-mode descriptor of the
+    /// request is over (see [`crate::engine::overall_code`]).
     pub quota_mode: bool,
     /// `detailed_metric`: the statistics count this rule's hits per runtime value
     /// ([`Lookup::metric_path`]).
     pub detailed_metric: bool,
+    /// `metadata`: sent to the client in the response's `dynamic_metadata.metadata` when
+    /// the descriptor is under its limit (and upstream's `RESPONSE_DYNAMIC_METADATA` is on).
+    pub metadata: Option<std::sync::Arc<Metadata>>,
     /// Unlimited or limited.
     pub policy: Policy,
     /// Sluice's `leases` (client leases on this rule; none set on an unlimited rule).

@@ -72,6 +72,12 @@ pub struct Extras {
     /// envoyproxy/ratelimit's global `SHADOW_MODE` over gRPC
     /// ([`crate::grpc::GrpcOptions::shadow_mode`]).
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's global `QUOTA_MODE` over gRPC
+    /// ([`crate::grpc::GrpcOptions::quota_mode`]).
+    pub quota_mode: bool,
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` over gRPC
+    /// ([`crate::grpc::GrpcOptions::response_dynamic_metadata`]).
+    pub response_dynamic_metadata: bool,
     /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` and header names
     /// ([`crate::grpc::GrpcOptions::response_headers`]).
     pub response_headers: Option<crate::grpc::ResponseHeaders>,
@@ -260,12 +266,16 @@ impl Daemon {
         {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
             let (compat, shadow_mode) = (extras.compat, extras.shadow_mode);
+            let (quota_mode, response_dynamic_metadata) =
+                (extras.quota_mode, extras.response_dynamic_metadata);
             let response_headers = extras.response_headers.clone();
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;
                 let options = crate::grpc::GrpcOptions {
                     subsecond_reset: compat.subsecond_reset,
                     shadow_mode,
+                    quota_mode,
+                    response_dynamic_metadata,
                     response_headers,
                 };
                 let served = crate::grpc::run_with_options(

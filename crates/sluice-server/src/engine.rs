@@ -69,7 +69,7 @@ use foldhash::HashMap;
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, KeyedStore, Limit, Nanos, Options};
 
 use crate::config::{
-    Config, ConfigError, ConfigSource, Coordination, Limited, Policy, RateLimit, Rule,
+    Config, ConfigError, ConfigSource, Coordination, Limited, Metadata, Policy, RateLimit, Rule,
 };
 use crate::shares::{Shares, cluster_key, scaled};
 use crate::stats::{Outcome, RuleStats, StatsRegistry};
@@ -162,9 +162,14 @@ pub struct DescriptorStatus {
     pub current_limit: Option<RateLimit>,
     /// The `name` of the rule applied, if it has one (`current_limit.name` on the wire).
     pub limit_name: Option<Arc<str>>,
-    /// A `quota_mode` rule found this descriptor over its quota (and answered `OK`): the
-    /// response's `dynamic_metadata` lists it under `quotaModeViolations`.
-    pub quota_violated: bool,
+    /// The descriptor is governed by a `quota_mode` rule: when over its quota it is
+    /// answered `OVER_LIMIT`, but refuses the request only if every quota-mode descriptor
+    /// of the request is over ([`overall_code`]).
+    pub quota_mode: bool,
+    /// The rule's `metadata`, as envoyproxy/ratelimit's `GetLimit` hands it on: `None` when
+    /// the rule has none, and when the rule counts per runtime value (`detailed_metric`, or
+    /// `value_to_metric` naming a value), where upstream rebuilds the limit without it.
+    pub metadata: Option<Arc<Metadata>>,
     /// Permits left (0 without a limit or when over it, `u32::MAX` for `unlimited`).
     pub limit_remaining: u32,
     /// Time until the limit is back to its full allowance, in nanoseconds (`None` without a
@@ -180,12 +185,19 @@ pub struct DescriptorStatus {
 }
 
 impl DescriptorStatus {
+    /// Whether this is the answer for an `unlimited: true` rule.
+    #[must_use]
+    pub fn is_unlimited(&self) -> bool {
+        self.current_limit.is_none() && self.limit_remaining == u32::MAX
+    }
+
     /// No rule applies.
     const NO_LIMIT: Self = Self {
         code: Code::Ok,
         current_limit: None,
         limit_name: None,
-        quota_violated: false,
+        quota_mode: false,
+        metadata: None,
         limit_remaining: 0,
         duration_until_reset: None,
         retry_after: None,
@@ -196,7 +208,8 @@ impl DescriptorStatus {
         code: Code::Ok,
         current_limit: None,
         limit_name: None,
-        quota_violated: false,
+        quota_mode: false,
+        metadata: None,
         limit_remaining: u32::MAX,
         duration_until_reset: None,
         retry_after: None,
@@ -703,18 +716,22 @@ impl Engine {
                     let d = shared.as_ref().unwrap_or(d);
                     let mut s = decided
                         .unwrap_or_else(|| self.limited(now, domain, &rule.path, d, l, cost, mode));
-                    let lenient = rule.shadow_mode || rule.quota_mode;
-                    let outcome = match (s.code, lenient) {
+                    // envoyproxy/ratelimit's limiter answers a `shadow_mode` rule over its
+                    // limit OK (`GetResponseDescriptorStatus`); a `quota_mode` rule's answer
+                    // stays OVER_LIMIT, and the service decides what it means for the
+                    // request (`shouldRateLimitWorker`: [`overall_code`]).
+                    let outcome = match (s.code, rule.shadow_mode) {
                         (Code::Ok, _) => Outcome::Within,
                         (Code::OverLimit, false) => Outcome::Over,
                         (Code::OverLimit, true) => Outcome::Shadow,
                     };
-                    if rule.quota_mode && s.code == Code::OverLimit {
-                        s.quota_violated = true;
-                    }
-                    if lenient {
+                    if rule.shadow_mode {
                         s.code = Code::Ok;
                         s.retry_after = None;
+                    }
+                    s.quota_mode = rule.quota_mode;
+                    if metric.is_none() {
+                        s.metadata.clone_from(&rule.metadata);
                     }
                     s.limit_name.clone_from(&rule.name);
                     if mode == Mode::Check {
@@ -797,7 +814,8 @@ impl Engine {
                         code: Code::OverLimit,
                         current_limit: Some(rule.rate),
                         limit_name: None,
-                        quota_violated: false,
+                        quota_mode: false,
+                        metadata: None,
                         limit_remaining: 0,
                         duration_until_reset: Some(window_reset),
                         retry_after: None,
@@ -916,14 +934,36 @@ fn no_domain(request: &Request) -> Response {
 }
 
 fn respond(statuses: Vec<DescriptorStatus>) -> Response {
-    let overall_code = if statuses.iter().any(|s| s.code == Code::OverLimit) {
+    Response {
+        overall_code: overall_code(&statuses, false),
+        statuses,
+    }
+}
+
+/// The response's code, as envoyproxy/ratelimit's `shouldRateLimitWorker` decides it:
+/// `OVER_LIMIT` when a descriptor that is not in quota mode is over its limit, or when the
+/// request has quota-mode descriptors and every one of them is over its quota. With
+/// `global_quota_mode` (upstream's `QUOTA_MODE`) every descriptor but an `unlimited` one is
+/// in quota mode, those without a rule included.
+#[must_use]
+pub fn overall_code(statuses: &[DescriptorStatus], global_quota_mode: bool) -> Code {
+    let (mut quota, mut quota_over) = (0_usize, 0_usize);
+    for s in statuses {
+        if s.is_unlimited() {
+            continue;
+        }
+        let over = s.code == Code::OverLimit;
+        if global_quota_mode || s.quota_mode {
+            quota += 1;
+            quota_over += usize::from(over);
+        } else if over {
+            return Code::OverLimit;
+        }
+    }
+    if quota > 0 && quota_over == quota {
         Code::OverLimit
     } else {
         Code::Ok
-    };
-    Response {
-        overall_code,
-        statuses,
     }
 }
 
@@ -933,7 +973,8 @@ fn blocked(rule: &Limited, window_reset: Nanos) -> DescriptorStatus {
         code: Code::OverLimit,
         current_limit: Some(rule.rate),
         limit_name: None,
-        quota_violated: false,
+        quota_mode: false,
+        metadata: None,
         limit_remaining: 0,
         duration_until_reset: Some(window_reset),
         retry_after: None,
@@ -957,7 +998,8 @@ fn to_status(
         },
         current_limit: Some(rule.rate),
         limit_name: None,
-        quota_violated: false,
+        quota_mode: false,
+        metadata: None,
         // Over the limit, nothing is left (envoyproxy/ratelimit answers 0).
         limit_remaining: if decision.allowed {
             u32::try_from(decision.remaining).unwrap_or(u32::MAX)

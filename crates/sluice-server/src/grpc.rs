@@ -30,8 +30,10 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
-use crate::config::{RateLimit, Unit};
-use crate::engine::{Code, Descriptor, DescriptorStatus, Engine, Entry, Request, Response};
+use crate::config::{Metadata, RateLimit, Unit};
+use crate::engine::{
+    Code, Descriptor, DescriptorStatus, Engine, Entry, Request, Response, overall_code,
+};
 use crate::metrics::{Answer, Api, Metrics};
 
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
@@ -66,6 +68,12 @@ pub struct GrpcOptions {
     /// configuration is answered `OK` (counted as usual); only a descriptor's own `limit`
     /// override can still refuse.
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's global `QUOTA_MODE`: every descriptor but an `unlimited` one
+    /// counts as a quota-mode descriptor ([`crate::engine::overall_code`]).
+    pub quota_mode: bool,
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`: responses carry
+    /// [`dynamic_metadata`]; off by default, as upstream's.
+    pub response_dynamic_metadata: bool,
 }
 
 /// The names of the rate limit headers sent to Envoy (envoyproxy/ratelimit's
@@ -190,6 +198,9 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         let took = start.elapsed();
         let response = match decided {
             Ok(mut r) => {
+                if self.options.quota_mode {
+                    r.overall_code = overall_code(&r.statuses, true);
+                }
                 self.record(r.overall_code.into(), Some(took));
                 if self.options.shadow_mode {
                     shadow(&request, &mut r);
@@ -201,10 +212,11 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
                 return Err(tonic::Status::invalid_argument(e.to_string()));
             }
         };
-        Ok(tonic::Response::new(response_to_proto_with(
-            &response,
-            &self.options,
-        )))
+        let mut proto = response_to_proto_with(&response, &self.options);
+        if self.options.response_dynamic_metadata {
+            proto.dynamic_metadata = Some(dynamic_metadata(&request, &response));
+        }
+        Ok(tonic::Response::new(proto))
     }
 }
 
@@ -440,7 +452,7 @@ pub fn response_to_proto_with(
             .iter()
             .map(|s| status_to_proto(s, options))
             .collect(),
-        dynamic_metadata: quota_violations(response),
+        dynamic_metadata: None,
         response_headers_to_add: options
             .response_headers
             .as_ref()
@@ -450,30 +462,106 @@ pub fn response_to_proto_with(
     }
 }
 
-/// `quotaModeViolations`: the indexes of the descriptors a `quota_mode` rule found over
-/// their quota (answered `OK` all the same); `None` when there is none.
-fn quota_violations(response: &Response) -> Option<pb_struct::Struct> {
-    let values: Vec<pb_struct::Value> = response
-        .statuses
+/// envoyproxy/ratelimit's `dynamic_metadata` (`ratelimitToMetadata` in its
+/// `src/service/ratelimit.go`), sent when `RESPONSE_DYNAMIC_METADATA` is on:
+/// - `domain`: the request's domain;
+/// - `descriptors`: one struct per request descriptor, `entries` (`"key=value"` strings),
+///   `limit` when it carries a `limit` override (upstream prints the Go protobuf message as
+///   text, a format its library calls unstable; here `requests_per_unit:N unit:UNIT`) and
+///   `hitsAddend` when it carries its own;
+/// - `hitsAddend`: the request's, when not 0;
+/// - `metadata`: the configured `metadata` of the descriptors answered `OK` (not those over
+///   their limit, nor `unlimited` ones), merged in request order (`mergeMetadata`): a key
+///   already present keeps its value, unless both values are mappings, which are merged
+///   the same way, key by key.
+#[must_use]
+pub fn dynamic_metadata(request: &Request, response: &Response) -> pb_struct::Struct {
+    let mut out = Metadata::new();
+    out.insert("domain".into(), request.domain.clone().into());
+    let descriptors = request
+        .descriptors
         .iter()
-        .enumerate()
-        .filter(|(_, s)| s.quota_violated)
-        .map(|(i, _)| pb_struct::Value {
-            #[allow(clippy::cast_precision_loss)] // an index, far below 2^53
-            kind: Some(pb_struct::value::Kind::NumberValue(i as f64)),
+        .map(|d| {
+            let mut m = Metadata::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| serde_json::Value::String(format!("{}={}", e.key, e.value)))
+                .collect();
+            m.insert("entries".into(), serde_json::Value::Array(entries));
+            if let Some(l) = &d.limit {
+                let unit = unit_to_proto(l.unit).as_str_name();
+                let text = format!("requests_per_unit:{} unit:{unit}", l.requests_per_unit);
+                m.insert("limit".into(), text.into());
+            }
+            if let Some(h) = d.hits_addend {
+                m.insert("hitsAddend".into(), h.into());
+            }
+            serde_json::Value::Object(m)
         })
         .collect();
-    if values.is_empty() {
-        return None;
+    out.insert("descriptors".into(), serde_json::Value::Array(descriptors));
+    if request.hits_addend != 0 {
+        out.insert("hitsAddend".into(), request.hits_addend.into());
     }
-    let list = pb_struct::Value {
-        kind: Some(pb_struct::value::Kind::ListValue(pb_struct::ListValue {
-            values,
-        })),
+    let mut passed = Metadata::new();
+    for s in &response.statuses {
+        if let Some(m) = &s.metadata
+            && s.code == Code::Ok
+            && !s.is_unlimited()
+        {
+            merge_metadata(&mut passed, m);
+        }
+    }
+    if !passed.is_empty() {
+        out.insert("metadata".into(), serde_json::Value::Object(passed));
+    }
+    json_struct(&out)
+}
+
+/// Upstream's `mergeMetadata`: the keys of `src` that `dest` lacks are added; where both
+/// have a mapping under a key, the two are merged the same way; any other value in `dest`
+/// stays. (Upstream adds `src`'s mapping by reference and may then merge into the loaded
+/// configuration itself, so a later request can see metadata an earlier one merged in;
+/// Sluice merges into a copy: each answer depends on its own request only.)
+pub fn merge_metadata(dest: &mut Metadata, src: &Metadata) {
+    for (k, v) in src {
+        match (dest.get_mut(k), v) {
+            (None, _) => {
+                dest.insert(k.clone(), v.clone());
+            }
+            (Some(serde_json::Value::Object(d)), serde_json::Value::Object(s)) => {
+                merge_metadata(d, s);
+            }
+            (Some(_), _) => {}
+        }
+    }
+}
+
+/// A JSON object as a `google.protobuf.Struct`.
+fn json_struct(map: &Metadata) -> pb_struct::Struct {
+    pb_struct::Struct {
+        fields: map
+            .iter()
+            .map(|(k, v)| (k.clone(), json_value(v)))
+            .collect(),
+    }
+}
+
+fn json_value(v: &serde_json::Value) -> pb_struct::Value {
+    use pb_struct::value::Kind;
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(items) => Kind::ListValue(pb_struct::ListValue {
+            values: items.iter().map(json_value).collect(),
+        }),
+        J::Object(m) => Kind::StructValue(json_struct(m)),
     };
-    Some(pb_struct::Struct {
-        fields: [("quotaModeViolations".to_owned(), list)].into(),
-    })
+    pb_struct::Value { kind: Some(kind) }
 }
 
 fn status_to_proto(s: &DescriptorStatus, options: &GrpcOptions) -> pb_response::DescriptorStatus {

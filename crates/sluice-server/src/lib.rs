@@ -56,7 +56,7 @@ pub mod token_server;
 
 pub use config::{
     Config, ConfigError, ConfigErrorKind, ConfigSource, Coordination, Domain, Limited, Location,
-    Policy, RateLimit, Rule, Unit,
+    Metadata, Policy, RateLimit, Rule, Unit,
 };
 pub use engine::central;
 pub use engine::{

@@ -2,6 +2,7 @@
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use saphyr::{MarkedYaml, ScalarStyle, YamlData, YamlLoader};
@@ -10,7 +11,7 @@ use sluice_limits::{AlgorithmKind, Limit};
 
 use super::tree::{Node, Wildcard};
 use super::{
-    ConfigError, ConfigErrorKind, Coordination, Domain, Level, Limited, Location, Policy,
+    ConfigError, ConfigErrorKind, Coordination, Domain, Level, Limited, Location, Metadata, Policy,
     RateLimit, Rule, RuleLeases, Unit,
 };
 
@@ -276,6 +277,7 @@ impl FileParser<'_> {
         let mut flags = Flags::default();
         let mut share_threshold = None;
         let mut value_to_metric = false;
+        let mut metadata = None;
         for (field, v) in self.fields(node, "descriptor", DESCRIPTOR_FIELDS)? {
             match field {
                 "key" => key = self.string(v, field)?,
@@ -287,18 +289,8 @@ impl FileParser<'_> {
                 "share_threshold" => share_threshold = Some((self.boolean(v, field)?, v)),
                 // Statistics names only.
                 "value_to_metric" => value_to_metric = self.boolean(v, field)?,
-                // Free-form data for the operator: any mapping, no effect on decisions.
-                "metadata" => {
-                    if !matches!(v.data, YamlData::Mapping(_)) {
-                        return Err(self.err(
-                            v,
-                            ConfigErrorKind::WrongType {
-                                field: field.to_string(),
-                                expected: "a mapping",
-                            },
-                        ));
-                    }
-                }
+                // Free-form data sent to the client with a descriptor under its limit.
+                "metadata" => metadata = self.metadata(v)?,
                 _ => flags.detailed_metric = self.boolean(v, field)?,
             }
         }
@@ -319,7 +311,7 @@ impl FileParser<'_> {
             None => false,
         };
         let rule = match rate_limit {
-            Some(rl) => Some(self.rule(rl, &composite, flags)?),
+            Some(rl) => Some(self.rule(rl, &composite, flags, metadata)?),
             None => None,
         };
         let mut node_out = Node {
@@ -363,7 +355,13 @@ impl FileParser<'_> {
         Ok(())
     }
 
-    fn rule(&self, node: &Yaml<'_>, path: &str, flags: Flags) -> Result<Rule, ConfigError> {
+    fn rule(
+        &self,
+        node: &Yaml<'_>,
+        path: &str,
+        flags: Flags,
+        metadata: Option<Arc<Metadata>>,
+    ) -> Result<Rule, ConfigError> {
         let mut unit = None;
         let mut rpu = None;
         let mut unlimited = false;
@@ -511,9 +509,54 @@ impl FileParser<'_> {
             shadow_mode: flags.shadow_mode,
             quota_mode: flags.quota_mode,
             detailed_metric: flags.detailed_metric,
+            metadata,
             policy,
             leases,
             location: self.location(node),
+        })
+    }
+
+    /// A descriptor's `metadata`: any mapping (or null: none), kept as JSON. Its keys and
+    /// values are not checked (envoyproxy/ratelimit's `validateYamlKeys` skips them);
+    /// scalars become what its YAML decoder makes of them (`parseMetadata`, into a
+    /// `structpb.Struct`): numbers, booleans, null or strings.
+    fn metadata(&self, node: &Yaml<'_>) -> Result<Option<Arc<Metadata>>, ConfigError> {
+        match self.json(node)? {
+            serde_json::Value::Object(map) if !map.is_empty() => Ok(Some(Arc::new(map))),
+            serde_json::Value::Object(_) | serde_json::Value::Null => Ok(None),
+            _ => Err(self.err(
+                node,
+                ConfigErrorKind::WrongType {
+                    field: "metadata".to_string(),
+                    expected: "a mapping",
+                },
+            )),
+        }
+    }
+
+    fn json(&self, node: &Yaml<'_>) -> Result<serde_json::Value, ConfigError> {
+        use serde_json::Value as J;
+        Ok(match &node.data {
+            YamlData::Mapping(map) => {
+                let mut out = Metadata::new();
+                for (k, v) in map {
+                    let key = match self.json(k)? {
+                        J::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    out.insert(key, self.json(v)?);
+                }
+                J::Object(out)
+            }
+            YamlData::Sequence(items) => J::Array(
+                items
+                    .iter()
+                    .map(|i| self.json(i))
+                    .collect::<Result<_, _>>()?,
+            ),
+            YamlData::Representation(s, ScalarStyle::Plain, _) => plain_scalar(s),
+            YamlData::Representation(s, _, _) => J::String(s.to_string()),
+            _ => J::Null,
         })
     }
 
@@ -535,6 +578,24 @@ impl FileParser<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+/// A plain scalar as YAML 1.1 decoders read it: null, a boolean, a number or a string.
+fn plain_scalar(s: &str) -> serde_json::Value {
+    use serde_json::Value as J;
+    match s {
+        "" | "~" | "null" | "Null" | "NULL" => return J::Null,
+        "true" | "True" | "TRUE" => return J::Bool(true),
+        "false" | "False" | "FALSE" => return J::Bool(false),
+        _ => {}
+    }
+    if let Ok(i) = s.parse::<i64>() {
+        return J::from(i);
+    }
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && s.bytes().any(|b| b.is_ascii_digit()) => J::from(f),
+        _ => J::String(s.to_owned()),
     }
 }
 

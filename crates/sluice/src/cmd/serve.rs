@@ -343,6 +343,8 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
             stop_increment_when_over_limit: args.stop_increment_when_over_limit,
         },
         shadow_mode: false,
+        quota_mode: false,
+        response_dynamic_metadata: false,
         response_headers: None,
     };
     Ok((spec, extras))

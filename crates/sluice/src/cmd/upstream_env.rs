@@ -25,6 +25,10 @@ pub(crate) struct Upstream {
     pub(crate) merge_domains: bool,
     /// `SHADOW_MODE`.
     pub(crate) shadow_mode: bool,
+    /// `QUOTA_MODE`.
+    pub(crate) quota_mode: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub(crate) response_dynamic_metadata: bool,
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
     pub(crate) stop_increment: bool,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED` with `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
@@ -217,6 +221,8 @@ impl Upstream {
             spec.http_addr = Some(addr);
         }
         extras.shadow_mode |= self.shadow_mode;
+        extras.quota_mode |= self.quota_mode;
+        extras.response_dynamic_metadata |= self.response_dynamic_metadata;
         extras.compat.stop_increment_when_over_limit |= self.stop_increment;
         if let Some(names) = &self.response_headers {
             extras.response_headers = Some(names.clone());
@@ -323,6 +329,8 @@ pub(crate) fn read(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Upstr
     )?;
     out.merge_domains = flag("MERGE_DOMAIN_CONFIG")?.unwrap_or(false);
     out.shadow_mode = flag("SHADOW_MODE")?.unwrap_or(false);
+    out.quota_mode = flag("QUOTA_MODE")?.unwrap_or(false);
+    out.response_dynamic_metadata = flag("RESPONSE_DYNAMIC_METADATA")?.unwrap_or(false);
     out.stop_increment = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?.unwrap_or(false);
     let names = [
         "LIMIT_LIMIT_HEADER",
@@ -402,6 +410,8 @@ mod tests {
             ("GRPC_HOST", "127.0.0.1"),
             ("MERGE_DOMAIN_CONFIG", "true"),
             ("SHADOW_MODE", "1"),
+            ("QUOTA_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "True"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("LIMIT_RESET_HEADER", "X-RateLimit-Reset"),
@@ -416,6 +426,7 @@ mod tests {
         assert_eq!(up.http_addr, Some("0.0.0.0:9080".parse().unwrap()));
         assert_eq!(up.grpc_addr, Some("127.0.0.1:8081".parse().unwrap()));
         assert!(up.merge_domains && up.shadow_mode && up.stop_increment);
+        assert!(up.quota_mode && up.response_dynamic_metadata);
         assert!(up.warnings.is_empty(), "{:?}", up.warnings);
     }
 
@@ -430,6 +441,8 @@ mod tests {
             grpc_addr: Some("0.0.0.0:9081".parse().unwrap()),
             merge_domains: true,
             shadow_mode: true,
+            quota_mode: true,
+            response_dynamic_metadata: true,
             stop_increment: true,
             response_headers: Some(ResponseHeaders::default()),
             warnings: Vec::new(),
@@ -456,6 +469,7 @@ mod tests {
         assert_eq!(s.http_addr, Some("0.0.0.0:9080".parse().unwrap()));
         assert_eq!(s.grpc_addr, "0.0.0.0:9081".parse().unwrap());
         assert!(extras.shadow_mode && extras.compat.stop_increment_when_over_limit);
+        assert!(extras.quota_mode && extras.response_dynamic_metadata);
         assert_eq!(extras.response_headers, Some(ResponseHeaders::default()));
 
         let given = Flags {
