@@ -14,10 +14,16 @@
 //!   evicts that shard's idle keys; if none is idle, the new key is refused (fail closed),
 //!   because forgetting a busy key would hand it a fresh burst.
 //!
-//! [`KeyedStore`] is the same table for any [`Algorithm`], with a mutex per shard.
+//! [`KeyedStore`] is the same table for any [`Algorithm`], with a mutex per shard. Its cap
+//! ([`KeyedStore::with_max_keys`]) never refuses: a new key arriving at a full shard first
+//! evicts the shard's idle keys (no decision changes), then, if the shard is still above
+//! 7/8 of its part of the cap, its least recently used keys. Evicting a key that is not idle
+//! forgets what it used: that key may admit at most one more burst (its limit's burst, or
+//! its window's count) than it would have. Both kinds are counted
+//! ([`KeyedStore::evictions`]).
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
@@ -295,7 +301,25 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> KeyedGcra<K, S> {
 }
 
 /// One shard of a [`KeyedStore`].
-type StoreShard<K, A> = Mutex<HashTable<(K, <A as Algorithm>::State)>>;
+type StoreShard<K, A> = Mutex<HashTable<Slot<K, <A as Algorithm>::State>>>;
+
+/// A key's entry in a [`KeyedStore`]: its state, and when it was last decided on (the order
+/// of least recent use, for the cap).
+struct Slot<K, S> {
+    key: K,
+    state: S,
+    used: Nanos,
+}
+
+/// Keys a [`KeyedStore`] evicted to stay under its cap, since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evictions {
+    /// Idle keys (their state was a fresh key's): no decision changed.
+    pub idle: u64,
+    /// Keys that were not idle, least recently used first: each may admit at most one more
+    /// burst than it would have.
+    pub forced: u64,
+}
 
 /// Any [`Algorithm`] for many keys: a sharded table of `A::State` behind a mutex per shard.
 ///
@@ -318,6 +342,15 @@ pub struct KeyedStore<K, A: Algorithm, S = foldhash::fast::RandomState> {
     shards: Box<[CachePadded<StoreShard<K, A>>]>,
     hasher: S,
     shard_mask: u64,
+    /// Most keys per shard (`usize::MAX`: no cap).
+    max_per_shard: usize,
+    evicted_idle: AtomicU64,
+    evicted_forced: AtomicU64,
+}
+
+/// Judges no key idle: evictions under the cap are then least recently used first.
+fn no_judge<K>(_: &K) -> Option<Limit> {
+    None
 }
 
 impl<K, A: Algorithm, S> std::fmt::Debug for KeyedStore<K, A, S> {
@@ -340,11 +373,85 @@ impl<K: Hash + Eq + Clone, A: Algorithm> KeyedStore<K, A> {
                 .collect(),
             hasher: foldhash::fast::RandomState::default(),
             shard_mask: (n - 1) as u64,
+            max_per_shard: usize::MAX,
+            evicted_idle: AtomicU64::new(0),
+            evicted_forced: AtomicU64::new(0),
         }
     }
 }
 
 impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
+    /// The store with at most about `max` keys (`None`: no cap): `⌈max / shards⌉` per shard
+    /// (see the [module docs](self)).
+    #[must_use]
+    pub fn with_max_keys(mut self, max: Option<usize>) -> Self {
+        self.max_per_shard = max.map_or(usize::MAX, |m| m.div_ceil(self.shards.len()).max(1));
+        self
+    }
+
+    /// The most keys the store holds (`None`: no cap).
+    #[must_use]
+    pub fn max_keys(&self) -> Option<usize> {
+        (self.max_per_shard != usize::MAX).then(|| self.max_per_shard * self.shards.len())
+    }
+
+    /// Keys evicted to stay under the cap, since the store was made.
+    #[must_use]
+    pub fn evictions(&self) -> Evictions {
+        Evictions {
+            idle: self.evicted_idle.load(Ordering::Relaxed),
+            forced: self.evicted_forced.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stores a new key in `table` (its shard), making room first if the shard is full.
+    fn insert(
+        &self,
+        table: &mut HashTable<Slot<K, A::State>>,
+        hash: u64,
+        slot: Slot<K, A::State>,
+        idle_limit: &dyn Fn(&K) -> Option<Limit>,
+    ) {
+        if table.len() >= self.max_per_shard {
+            self.make_room(table, slot.used, idle_limit);
+        }
+        let hasher = &self.hasher;
+        table.insert_unique(hash, slot, |s| hasher.hash_one(&s.key));
+    }
+
+    /// A full shard: drops its idle keys, then, above 7/8 of the shard's cap, its least
+    /// recently used ones down to 7/8 (so a flood of new keys pays this once per eighth of
+    /// a shard, not once per key).
+    fn make_room(
+        &self,
+        table: &mut HashTable<Slot<K, A::State>>,
+        now: Nanos,
+        idle_limit: &dyn Fn(&K) -> Option<Limit>,
+    ) {
+        let before = table.len();
+        table.retain(|s| {
+            !idle_limit(&s.key).is_some_and(|l| self.algorithm.is_idle(&s.state, &l, now))
+        });
+        self.evicted_idle
+            .fetch_add((before - table.len()) as u64, Ordering::Relaxed);
+        let keep = self.max_per_shard - self.max_per_shard / 8 - 1;
+        if table.len() <= keep {
+            return;
+        }
+        let excess = table.len() - keep;
+        let mut used: Vec<Nanos> = table.iter().map(|s| s.used).collect();
+        let (_, &mut cut, _) = used.select_nth_unstable(excess - 1);
+        // Every key used before `cut`, and as many used at `cut` as make up the excess.
+        let mut left = excess;
+        table.retain(|s| {
+            let evict = left > 0 && s.used <= cut;
+            left -= usize::from(evict);
+            !evict
+        });
+        self.evicted_forced
+            .fetch_add((excess - left) as u64, Ordering::Relaxed);
+    }
+
     #[inline]
     fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &StoreShard<K, A>) {
         let hash = self.hasher.hash_one(key);
@@ -369,16 +476,34 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         now: Nanos,
         cost: u64,
     ) -> Decision {
+        self.check_view_judged(view, limit, now, cost, &no_judge)
+    }
+
+    /// [`KeyedStore::check_view`], with `idle_limit` giving the limit of any stored key
+    /// (`None`: unknown), so that a full shard evicts idle keys before used ones.
+    pub fn check_view_judged<Q: KeyView<K> + ?Sized>(
+        &self,
+        view: &Q,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        idle_limit: &dyn Fn(&K) -> Option<Limit>,
+    ) -> Decision {
         let (hash, shard) = self.locate(view);
         let mut table = shard.lock();
-        if let Some((_, state)) = table.find_mut(hash, |(k, _)| view.matches(k)) {
-            return self.algorithm.check(state, limit, now, cost);
+        if let Some(slot) = table.find_mut(hash, |s| view.matches(&s.key)) {
+            slot.used = slot.used.max(now);
+            return self.algorithm.check(&mut slot.state, limit, now, cost);
         }
         let mut state = self.algorithm.new_state(limit, now);
         let decision = self.algorithm.check(&mut state, limit, now, cost);
         if decision.allowed {
-            let hasher = &self.hasher;
-            table.insert_unique(hash, (view.to_key(), state), |(k, _)| hasher.hash_one(k));
+            let slot = Slot {
+                key: view.to_key(),
+                state,
+                used: now,
+            };
+            self.insert(&mut table, hash, slot, idle_limit);
         }
         decision
     }
@@ -395,6 +520,19 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         now: Nanos,
         cost: u64,
     ) -> Decision {
+        self.check_counting_refused_view_judged(view, limit, now, cost, &no_judge)
+    }
+
+    /// [`KeyedStore::check_counting_refused_view`] with an idle judge for the cap, as
+    /// [`KeyedStore::check_view_judged`].
+    pub fn check_counting_refused_view_judged<Q: KeyView<K> + ?Sized>(
+        &self,
+        view: &Q,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        idle_limit: &dyn Fn(&K) -> Option<Limit>,
+    ) -> Decision {
         let charge = |state: &mut A::State| {
             self.algorithm.charge(state, limit, now, cost);
             let count = limit.count();
@@ -404,10 +542,11 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         };
         let (hash, shard) = self.locate(view);
         let mut table = shard.lock();
-        if let Some((_, state)) = table.find_mut(hash, |(k, _)| view.matches(k)) {
-            let decision = self.algorithm.check(state, limit, now, cost);
+        if let Some(slot) = table.find_mut(hash, |s| view.matches(&s.key)) {
+            slot.used = slot.used.max(now);
+            let decision = self.algorithm.check(&mut slot.state, limit, now, cost);
             if !decision.allowed {
-                charge(state);
+                charge(&mut slot.state);
             }
             return decision;
         }
@@ -417,8 +556,12 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
             charge(&mut state);
         }
         if decision.allowed || cost > 0 {
-            let hasher = &self.hasher;
-            table.insert_unique(hash, (view.to_key(), state), |(k, _)| hasher.hash_one(k));
+            let slot = Slot {
+                key: view.to_key(),
+                state,
+                used: now,
+            };
+            self.insert(&mut table, hash, slot, idle_limit);
         }
         decision
     }
@@ -440,8 +583,8 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
     ) -> Decision {
         let (hash, shard) = self.locate(view);
         let table = shard.lock();
-        match table.find(hash, |(k, _)| view.matches(k)) {
-            Some((_, state)) => self.algorithm.peek(state, limit, now, cost),
+        match table.find(hash, |s| view.matches(&s.key)) {
+            Some(slot) => self.algorithm.peek(&slot.state, limit, now, cost),
             None => self
                 .algorithm
                 .peek(&self.algorithm.new_state(limit, now), limit, now, cost),
@@ -455,10 +598,10 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         for shard in &self.shards {
             let mut table = shard.lock();
             let before = table.len();
-            table.retain(|(k, s)| !self.algorithm.is_idle(s, &limit_of(k), now));
+            table.retain(|s| !self.algorithm.is_idle(&s.state, &limit_of(&s.key), now));
             evicted += before - table.len();
             if table.len() * 4 < table.capacity() {
-                table.shrink_to_fit(|(k, _)| hasher.hash_one(k));
+                table.shrink_to_fit(|s| hasher.hash_one(&s.key));
             }
         }
         evicted

@@ -40,7 +40,7 @@ pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::Decision;
 pub use fixed_window::{Alignment, FixedWindow, FixedWindowState};
 pub use gcra::{AsGcraLimit, Gcra, GcraLimit, GcraState};
-pub use keyed::{KeyView, KeyedConfig, KeyedGcra, KeyedStore};
+pub use keyed::{Evictions, KeyView, KeyedConfig, KeyedGcra, KeyedStore};
 pub use leaky_bucket::{DelayPolicy, LeakyBucket, LeakyState, Shaped, Shaper};
 pub use limit::{Limit, LimitError};
 pub use sliding_log::{SlidingLog, SlidingLogState};

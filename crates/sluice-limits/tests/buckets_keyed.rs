@@ -57,6 +57,31 @@ proptest! {
         }
     }
 
+    /// The generic store under a cap that keeps evicting: while the cap evicts only idle keys
+    /// (`forced` stays 0), every decision is exactly that of per-key states never evicted;
+    /// and the store never holds more than the cap.
+    #[test]
+    fn the_cap_evicts_idle_keys_first_and_changes_no_decision_while_it_does(limits in prop::collection::vec(arb_limit(), 3), calls in arb_calls()) {
+        let cap = 8;
+        let store: KeyedStore<u64, TokenBucket> =
+            KeyedStore::new(TokenBucket, 2).with_max_keys(Some(cap));
+        let mut reference: HashMap<u64, TokenBucketState> = HashMap::new();
+        let limit_of = |k: &u64| limits[(*k % 3) as usize];
+        let mut now = 0;
+        for (gap, key, _, cost, _) in calls {
+            now += gap;
+            let l = limit_of(&key);
+            let state = reference.entry(key).or_insert_with(|| TokenBucket.new_state(&l, now));
+            let want = TokenBucket.check(state, &l, now, cost);
+            let got = store.check_view_judged(&key, &l, now, cost, &|k| Some(limit_of(k)));
+            prop_assert!(store.len() <= cap);
+            if store.evictions().forced > 0 {
+                break;
+            }
+            prop_assert_eq!(got, want);
+        }
+    }
+
     /// The generic store, with the token bucket: sweeping idle keys at random moments gives
     /// exactly the decisions of per-key states never evicted.
     #[test]
@@ -145,4 +170,47 @@ fn a_flood_of_new_keys_stays_within_the_cap() {
     let held = store.len();
     assert_eq!(store.retain_recent(later + 1_000_000_000), held);
     assert!(store.is_empty());
+}
+
+/// A flood of new keys at a capped store: it never holds more than its cap, a key in steady
+/// use is never the one evicted (least recently used first), and what the cap had to evict
+/// while busy is counted as forced.
+#[test]
+fn a_capped_store_keeps_its_busy_key_through_a_flood() {
+    let cap = 1_000;
+    let store: KeyedStore<u64, TokenBucket> =
+        KeyedStore::new(TokenBucket, 4).with_max_keys(Some(cap));
+    assert_eq!(store.max_keys(), Some(cap));
+    // One permit per 2,000 ns, asked every 1,000 ns: every other ask is refused, unless
+    // the key is forgotten (a fresh key is admitted at once).
+    let busy = limit(1, 2_000, 1);
+    let mut busy_admitted = 0;
+    for i in 0..100_000u64 {
+        let now = i * 10;
+        // A flood key every 10 ns, each with a long limit: never idle within the run.
+        store.check(&(1_000_000 + i), &limit(1, 1_000_000_000, 1), now, 1);
+        if i % 100 == 0 {
+            busy_admitted += u64::from(store.check(&7, &busy, now, 1).allowed);
+        }
+        assert!(store.len() <= cap, "{} keys held", store.len());
+    }
+    assert_eq!(
+        busy_admitted, 500,
+        "the busy key was evicted and began afresh"
+    );
+    let e = store.evictions();
+    assert_eq!(e.idle, 0);
+    assert!(e.forced >= 99_000 - cap as u64, "{e:?}");
+    // An idle key goes before any used one: after its window every flood key is idle.
+    let later = 10_000_000_000;
+    let before = store.evictions();
+    let long = limit(1, 1_000_000_000, 1);
+    for j in 0..cap as u64 {
+        store.check_view_judged(&(5_000_000 + j), &long, later, 1, &|_| Some(long));
+        if store.evictions().idle > 0 {
+            break;
+        }
+    }
+    assert!(store.evictions().idle > 0);
+    assert_eq!(store.evictions().forced, before.forced);
 }

@@ -81,6 +81,9 @@ pub struct Extras {
     /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` and header names
     /// ([`crate::grpc::GrpcOptions::response_headers`]).
     pub response_headers: Option<crate::grpc::ResponseHeaders>,
+    /// Most keys held per algorithm for the rules this node decides itself
+    /// ([`Engine::with_max_keys`]; `None`: no cap).
+    pub max_keys: Option<usize>,
 }
 
 /// Sluice's opt-in differences from envoyproxy/ratelimit's answers; the default is
@@ -193,7 +196,7 @@ impl Daemon {
         if config.domains().next().is_none() {
             tracing::warn!("the configuration defines no domain: every request is answered OK");
         }
-        let engine = Arc::new(Engine::new(config));
+        let engine = Arc::new(Engine::with_max_keys(config, extras.max_keys));
         engine.set_count_refused(!extras.compat.stop_increment_when_over_limit);
         if let Some(r) = &spec.redis {
             // Nodes sharing the Redis rules: a fallback share is 1/N of the limit.

@@ -351,9 +351,21 @@ impl Engine {
     /// An engine with no counted key, deciding under `config`.
     #[must_use]
     pub fn new(config: Config) -> Self {
+        Self::with_max_keys(config, None)
+    }
+
+    /// [`Engine::new`] holding at most about `max_keys` keys per algorithm (`None`: no cap).
+    /// A new key at a full table evicts idle keys first (no decision changes), then the
+    /// least recently used (each may admit one more burst; counted in
+    /// [`Engine::evictions`]).
+    #[must_use]
+    pub fn with_max_keys(config: Config, max_keys: Option<usize>) -> Self {
         let stores = AlgorithmKind::ALL
             .iter()
-            .map(|&k| KeyedStore::new(AnyAlgorithm::new(k, Options::default()), 16))
+            .map(|&k| {
+                KeyedStore::new(AnyAlgorithm::new(k, Options::default()), 16)
+                    .with_max_keys(max_keys)
+            })
             .collect();
         let stats = StatsRegistry::default();
         Self {
@@ -483,22 +495,26 @@ impl Engine {
         };
         self.stores
             .iter()
-            .map(|store| {
-                store.retain_idle(now, |key| {
-                    if let Some(rate) = key.limit {
-                        return override_rule(rate).limit.unwrap_or(fallback);
-                    }
-                    config
-                        .domain(&key.domain)
-                        .and_then(|d| d.rule_for(key.entries.iter().map(|(k, v)| (&**k, &**v))))
-                        .and_then(|r| match &r.policy {
-                            Policy::Limited(l) => l.limit,
-                            Policy::Unlimited => None,
-                        })
-                        .unwrap_or(fallback)
-                })
-            })
+            .map(|store| store.retain_idle(now, |key| limit_of(&config, key).unwrap_or(fallback)))
             .sum()
+    }
+
+    /// Keys evicted to stay under the cap ([`Engine::with_max_keys`]), over every table.
+    #[must_use]
+    pub fn evictions(&self) -> sluice_limits::Evictions {
+        self.stores.iter().map(KeyedStore::evictions).fold(
+            sluice_limits::Evictions::default(),
+            |a, e| sluice_limits::Evictions {
+                idle: a.idle + e.idle,
+                forced: a.forced + e.forced,
+            },
+        )
+    }
+
+    /// The cap on keys per algorithm, if any.
+    #[must_use]
+    pub fn max_keys(&self) -> Option<usize> {
+        self.stores.first().and_then(KeyedStore::max_keys)
     }
 
     /// Number of keys with state.
@@ -855,6 +871,14 @@ impl Engine {
             domain,
             descriptor: d,
         };
+        // Only called when a full table makes room for a new key (then once per stored key:
+        // the configuration is loaded once). A key no rule governs is idle, as in
+        // `retain_idle`.
+        let config_now = std::cell::OnceCell::new();
+        let judge = |k: &CounterKey| {
+            limit_of(config_now.get_or_init(|| self.config()), k)
+                .or_else(|| Limit::from_nanos(1, 1).ok())
+        };
         let decision = match mode {
             // A check of 0 hits consumes nothing; it is over the limit only when the hits
             // already counted are (refused ones included).
@@ -864,9 +888,9 @@ impl Engine {
                 d
             }
             Mode::Check if counts_refused => {
-                store.check_counting_refused_view(&key, limit, now, cost)
+                store.check_counting_refused_view_judged(&key, limit, now, cost, &judge)
             }
-            Mode::Check => store.check_view(&key, limit, now, cost),
+            Mode::Check => store.check_view_judged(&key, limit, now, cost, &judge),
             Mode::Peek => store.peek_view(&key, limit, now, cost),
         };
         let status = to_status(rule, &decision, window_reset);
@@ -1013,4 +1037,19 @@ fn to_status(
             decision.retry_after
         },
     }
+}
+
+/// The limit a stored key is decided under now: its override, or its rule's (`None`: no rule
+/// governs it any more, or the rule is unlimited).
+fn limit_of(config: &Config, key: &CounterKey) -> Option<Limit> {
+    if let Some(rate) = key.limit {
+        return override_rule(rate).limit;
+    }
+    config
+        .domain(&key.domain)
+        .and_then(|d| d.rule_for(key.entries.iter().map(|(k, v)| (&**k, &**v))))
+        .and_then(|r| match &r.policy {
+            Policy::Limited(l) => l.limit,
+            Policy::Unlimited => None,
+        })
 }

@@ -19,7 +19,8 @@
 //! | `sluice_rule_shadow_decisions_total` | counter | `domain`, `rule` |
 //! | `sluice_rule_hits_total` | counter | `domain`, `rule`, `outcome` (`within_limit`, `over_limit`, `shadow_mode`) |
 //! | `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` | gauge (only grows) | `domain`, `key1`, `key2` (envoyproxy/ratelimit's names, from its statsd exporter mapping) |
-//! | `sluice_engine_keys` | gauge | |
+//! | `sluice_engine_keys`, `sluice_engine_max_keys` | gauge | |
+//! | `sluice_engine_evictions_total` | counter | `reason` (`idle`, `forced`) |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
@@ -362,6 +363,27 @@ impl Collector for Scraped {
             "Keys with rate limit state on this node",
             self.engine.len(),
         )?;
+        if let Some(max) = self.engine.max_keys() {
+            gauge(
+                &mut encoder,
+                "sluice_engine_max_keys",
+                "Most keys held per algorithm (--max-keys)",
+                max,
+            )?;
+        }
+        let e = self.engine.evictions();
+        let counter = ConstCounter::new(0u64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_engine_evictions",
+            "Keys evicted at the cap: idle ones (their state was a fresh key's, no decision \
+             changed), and forced ones (in use, least recently used first; each may admit \
+             one more burst)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (reason, v) in [("idle", e.idle), ("forced", e.forced)] {
+            ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
+        }
         if let Some(c) = self.engine.central_status() {
             // `coordination: redis` rules: is Redis deciding, or this node's fallback share?
             let fallback = matches!(c.mode, crate::central::CentralMode::Fallback);

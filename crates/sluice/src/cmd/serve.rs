@@ -111,6 +111,12 @@ pub(crate) struct Args {
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true does the same as this flag).
     #[arg(long)]
     stop_increment_when_over_limit: bool,
+    /// Most keys a node holds for the rules it decides itself, per algorithm (0: no cap).
+    /// A new key at a full table evicts idle keys first (their state is a fresh key's: no
+    /// decision changes), then the least recently used, each of which may then admit one
+    /// more burst than it would have (counted in /metrics as forced evictions).
+    #[arg(long, value_name = "N", default_value = "1000000")]
+    max_keys: usize,
     /// Log lines as `text` or `json` (default: envoyproxy/ratelimit's LOG_FORMAT, else
     /// text). RUST_LOG filters them (else LOG_LEVEL, else info).
     #[arg(long, value_enum)]
@@ -346,6 +352,7 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         quota_mode: false,
         response_dynamic_metadata: false,
         response_headers: None,
+        max_keys: (args.max_keys > 0).then_some(args.max_keys),
     };
     Ok((spec, extras))
 }
