@@ -390,6 +390,17 @@ pub enum ConfigErrorKind {
     /// A rule replacing a name no rule of the domain has.
     #[error("`replaces` names {0:?}, but no rule of this domain has that name")]
     UnknownReplaces(String),
+    /// A value envoyproxy/ratelimit's key check cannot walk (its `validateYamlKeys` says
+    /// "error checking config"): a number that is not a whole number within 64 bits.
+    #[error(
+        "`{field}` is {text}: a value must be a string, a whole number, a boolean, a mapping or a list of mappings"
+    )]
+    UncheckableValue {
+        /// The field.
+        field: String,
+        /// The value as written.
+        text: String,
+    },
 }
 
 /// A refused configuration: where, and why.

@@ -69,13 +69,13 @@ pub struct Extras {
     pub leases: crate::lease::LeaseConfig,
     /// Where to answer differently from envoyproxy/ratelimit (by default, nowhere).
     pub compat: Compat,
-    /// envoyproxy/ratelimit's global `SHADOW_MODE` over gRPC
+    /// envoyproxy/ratelimit's global `SHADOW_MODE`, over gRPC and `/json`
     /// ([`crate::grpc::GrpcOptions::shadow_mode`]).
     pub shadow_mode: bool,
-    /// envoyproxy/ratelimit's global `QUOTA_MODE` over gRPC
+    /// envoyproxy/ratelimit's global `QUOTA_MODE`, over gRPC and `/json`
     /// ([`crate::grpc::GrpcOptions::quota_mode`]).
     pub quota_mode: bool,
-    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` over gRPC
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`, over gRPC and `/json`
     /// ([`crate::grpc::GrpcOptions::response_dynamic_metadata`]).
     pub response_dynamic_metadata: bool,
     /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` and header names
@@ -249,9 +249,18 @@ impl Daemon {
         };
         let info: Option<Arc<dyn ClusterInfo>> = cluster.clone().map(|c| c as Arc<dyn ClusterInfo>);
         // One metrics registry for both APIs, so `/metrics` shows gRPC decisions too.
+        // envoyproxy/ratelimit's service options, for gRPC and `/json` alike (its `/json`
+        // calls the gRPC service).
+        let options = crate::grpc::GrpcOptions {
+            subsecond_reset: extras.compat.subsecond_reset,
+            shadow_mode: extras.shadow_mode,
+            quota_mode: extras.quota_mode,
+            response_dynamic_metadata: extras.response_dynamic_metadata,
+            response_headers: extras.response_headers.clone(),
+        };
         let state = crate::http::HttpState::new(engine.clone(), info)
             .with_leases(leases)
-            .with_subsecond_reset(extras.compat.subsecond_reset);
+            .with_service_options(options.clone());
         let metrics = state.metrics();
         let mut tasks = Vec::new();
         {
@@ -268,19 +277,8 @@ impl Daemon {
         }
         {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
-            let (compat, shadow_mode) = (extras.compat, extras.shadow_mode);
-            let (quota_mode, response_dynamic_metadata) =
-                (extras.quota_mode, extras.response_dynamic_metadata);
-            let response_headers = extras.response_headers.clone();
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;
-                let options = crate::grpc::GrpcOptions {
-                    subsecond_reset: compat.subsecond_reset,
-                    shadow_mode,
-                    quota_mode,
-                    response_dynamic_metadata,
-                    response_headers,
-                };
                 let served = crate::grpc::run_with_options(
                     grpc,
                     engine,

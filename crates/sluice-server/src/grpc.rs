@@ -64,9 +64,9 @@ pub struct GrpcOptions {
     /// `duration_until_reset` to the nanosecond (Sluice's opt-in), instead of whole seconds
     /// rounded up as envoyproxy/ratelimit gives it (the default).
     pub subsecond_reset: bool,
-    /// envoyproxy/ratelimit's global `SHADOW_MODE`: every descriptor governed by the
-    /// configuration is answered `OK` (counted as usual); only a descriptor's own `limit`
-    /// override can still refuse.
+    /// envoyproxy/ratelimit's global `SHADOW_MODE`: an overall `OVER_LIMIT` is answered `OK`
+    /// (the descriptor statuses, headers and metadata stay as decided; counted in
+    /// `ratelimit_service_global_shadow_mode`). See [`service_answer`].
     pub shadow_mode: bool,
     /// envoyproxy/ratelimit's global `QUOTA_MODE`: every descriptor but an `unlimited` one
     /// counts as a quota-mode descriptor ([`crate::engine::overall_code`]).
@@ -99,15 +99,32 @@ impl Default for ResponseHeaders {
     }
 }
 
-/// The headers of `names` for the status with a limit and the fewest permits left (the
-/// first of equals), as envoyproxy/ratelimit; none when no status has a limit.
-fn response_headers(response: &Response, names: &ResponseHeaders) -> Vec<HeaderValue> {
-    let Some((s, limit)) = response
-        .statuses
-        .iter()
-        .filter_map(|s| Some((s, s.current_limit?)))
-        .min_by_key(|(s, _)| s.limit_remaining)
-    else {
+/// The headers of `names` for envoyproxy/ratelimit's `minimumDescriptor`
+/// (`shouldRateLimitWorker` in its `src/service/ratelimit.go`): the status with a limit and
+/// the fewest permits left (the first of equals), unless a descriptor not in quota mode is
+/// over its limit, when it is the last such descriptor. None when no status has a limit.
+/// `global_quota_mode` is upstream's `QUOTA_MODE`.
+fn response_headers(
+    response: &Response,
+    names: &ResponseHeaders,
+    global_quota_mode: bool,
+) -> Vec<HeaderValue> {
+    let mut minimum: Option<&DescriptorStatus> = None;
+    let mut min_remaining = u32::MAX;
+    for s in &response.statuses {
+        if s.current_limit.is_some() && s.limit_remaining < min_remaining {
+            minimum = Some(s);
+            min_remaining = s.limit_remaining;
+        }
+        if s.is_unlimited() {
+            continue;
+        }
+        if s.code == Code::OverLimit && !(global_quota_mode || s.quota_mode) {
+            minimum = Some(s);
+            min_remaining = 0;
+        }
+    }
+    let Some((s, limit)) = minimum.and_then(|s| Some((s, s.current_limit?))) else {
         return Vec::new();
     };
     let reset = s.duration_until_reset.unwrap_or(0).div_ceil(1_000_000_000);
@@ -123,17 +140,53 @@ fn response_headers(response: &Response, names: &ResponseHeaders) -> Vec<HeaderV
     ]
 }
 
-/// Global shadow mode on `response`: `OK` for every status but those of descriptors with
-/// their own `limit`, and the overall code recomputed.
-fn shadow(request: &Request, response: &mut Response) {
-    for (d, s) in request.descriptors.iter().zip(&mut response.statuses) {
-        if d.limit.is_none() {
-            s.code = Code::Ok;
-            s.retry_after = None;
-        }
+/// What the rate limit service answers for a request the engine decided, as
+/// envoyproxy/ratelimit's `shouldRateLimitWorker` builds it after its cache's `DoLimit`;
+/// gRPC and `/json` both answer this.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceAnswer {
+    /// The response, as sent over gRPC (and, as protojson, by `/json`).
+    pub response: rls::RateLimitResponse,
+    /// The overall code decided, before global shadow mode.
+    pub decided: Code,
+    /// Global shadow mode turned an `OVER_LIMIT` into `OK` (upstream's `global_shadow_mode`
+    /// statistic counts these).
+    pub shadowed: bool,
+}
+
+/// The service's answer to `request`, decided by the engine as `decided`, with `options`
+/// (envoyproxy/ratelimit's `shouldRateLimitWorker`):
+/// - the statuses are the engine's, untouched;
+/// - the overall code is recomputed for `QUOTA_MODE` ([`overall_code`]);
+/// - `response_headers_to_add` (`LIMIT_RESPONSE_HEADERS_ENABLED`) describe
+///   `minimumDescriptor`, chosen before shadow mode;
+/// - global `SHADOW_MODE` then turns an overall `OVER_LIMIT` into `OK`, and only that: the
+///   statuses still say `OVER_LIMIT` where the descriptor is over its limit, whatever
+///   limit (a descriptor's own `limit` override included);
+/// - `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`) last.
+#[must_use]
+pub fn service_answer(
+    request: &Request,
+    decided: Response,
+    options: &GrpcOptions,
+) -> ServiceAnswer {
+    let mut response = decided;
+    if options.quota_mode {
+        response.overall_code = overall_code(&response.statuses, true);
     }
-    if response.statuses.iter().all(|s| s.code == Code::Ok) {
-        response.overall_code = Code::Ok;
+    let decided = response.overall_code;
+    let mut proto = response_to_proto_with(&response, options);
+    let shadowed = options.shadow_mode && decided == Code::OverLimit;
+    if shadowed {
+        proto.overall_code = pb_response::Code::Ok.into();
+    }
+    if options.response_dynamic_metadata {
+        proto.dynamic_metadata = Some(dynamic_metadata(request, &response));
+    }
+    ServiceAnswer {
+        response: proto,
+        decided,
+        shadowed,
     }
 }
 
@@ -196,26 +249,20 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         let start = Instant::now();
         let decided = self.engine.should_rate_limit_async(now, &request).await;
         let took = start.elapsed();
-        let response = match decided {
-            Ok(mut r) => {
-                if self.options.quota_mode {
-                    r.overall_code = overall_code(&r.statuses, true);
-                }
-                self.record(r.overall_code.into(), Some(took));
-                if self.options.shadow_mode {
-                    shadow(&request, &mut r);
-                }
-                r
-            }
+        let answer = match decided {
+            Ok(r) => service_answer(&request, r, &self.options),
             Err(e) => {
                 self.record(Answer::Invalid, None);
                 return Err(tonic::Status::invalid_argument(e.to_string()));
             }
         };
-        let mut proto = response_to_proto_with(&response, &self.options);
-        if self.options.response_dynamic_metadata {
-            proto.dynamic_metadata = Some(dynamic_metadata(&request, &response));
+        self.record(answer.decided.into(), Some(took));
+        if answer.shadowed
+            && let Some(m) = &self.metrics
+        {
+            m.record_global_shadow_mode();
         }
+        let proto = answer.response;
         Ok(tonic::Response::new(proto))
     }
 }
@@ -456,7 +503,7 @@ pub fn response_to_proto_with(
         response_headers_to_add: options
             .response_headers
             .as_ref()
-            .map(|names| response_headers(response, names))
+            .map(|names| response_headers(response, names, options.quota_mode))
             .unwrap_or_default(),
         ..Default::default()
     }

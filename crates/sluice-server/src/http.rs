@@ -22,8 +22,10 @@
 //! **`/json` and envoyproxy/ratelimit** (its `NewJsonHandler`): the request is the protojson
 //! form of `RateLimitRequest` — field names as in the `.proto` (`hits_addend`) or in
 //! lowerCamelCase (`hitsAddend`), integers as numbers or strings, enums by name or number,
-//! `null` for an absent field, unknown fields refused — and the answer is the protojson
-//! `RateLimitResponse` (lowerCamelCase names, enums by name, zero values left out,
+//! `null` for an absent field, unknown fields refused — and the answer is the gRPC
+//! service's whole answer ([`crate::grpc::service_answer`], with the same options: shadow
+//! and quota mode, response headers, dynamic metadata) as protojson `RateLimitResponse`
+//! (lowerCamelCase names, enums by name, zero values left out,
 //! `durationUntilReset` as a protojson `Duration` string such as `"1s"`). Status codes are
 //! its: 200 for `OK`, 429 for `OVER_LIMIT`, 400 for what it cannot decide.
 //! `durationUntilReset` is whole seconds, rounded up, as upstream's (`"1s"` in a per-second
@@ -83,7 +85,9 @@ use crate::status::{ClusterInfo, ClusterStatus};
 
 mod protojson;
 
-pub use protojson::{proto_duration, request_from_json, response_json};
+pub use protojson::{
+    go_float, proto_duration, proto_response_json, request_from_json, response_json,
+};
 
 /// envoyproxy/ratelimit's HTTP port, and so the default of `sluice serve --http-addr`.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -114,6 +118,8 @@ pub struct HttpState {
     /// `/json` and the plain check give `durationUntilReset` to the nanosecond instead of in
     /// whole seconds (upstream's).
     subsecond_reset: bool,
+    /// How `/json` answers: as the gRPC service does ([`crate::grpc::service_answer`]).
+    service: crate::grpc::GrpcOptions,
 }
 
 impl fmt::Debug for HttpState {
@@ -142,7 +148,19 @@ impl HttpState {
             ready: Arc::new(AtomicBool::new(true)),
             leases: Arc::new(Leases::default()),
             subsecond_reset: false,
+            service: crate::grpc::GrpcOptions::default(),
         }
+    }
+
+    /// The same state answering `/json` with the service options of the gRPC API
+    /// (envoyproxy/ratelimit's `SHADOW_MODE`, `QUOTA_MODE`, `RESPONSE_DYNAMIC_METADATA`,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`; its `/json` calls the same service as gRPC), and
+    /// `durationUntilReset` as `options.subsecond_reset` says.
+    #[must_use]
+    pub fn with_service_options(mut self, options: crate::grpc::GrpcOptions) -> Self {
+        self.subsecond_reset = options.subsecond_reset;
+        self.service = options;
+        self
     }
 
     /// The same state answering `durationUntilReset` to the nanosecond (`sluice serve
@@ -151,6 +169,7 @@ impl HttpState {
     #[must_use]
     pub fn with_subsecond_reset(mut self, subsecond: bool) -> Self {
         self.subsecond_reset = subsecond;
+        self.service.subsecond_reset = subsecond;
         self
     }
 
@@ -305,20 +324,42 @@ pub async fn run(
 // ---------------------------------------------------------------------------------------
 // Handlers
 
+/// envoyproxy/ratelimit's `NewJsonHandler` (`src/server/server_impl.go`): the request goes
+/// to the same service as gRPC's, and the whole `RateLimitResponse` it answers comes back
+/// as protojson; 429 when its overall code is `OVER_LIMIT`, else 200.
 async fn json(State(s): State<HttpState>, body: Result<Bytes, BytesRejection>) -> HttpResponse {
     let request = match body.map_err(Refusal::body).and_then(|b| parse_json(&b)) {
         Ok(r) => r,
         Err(refusal) => return s.refuse(Api::Json, refusal),
     };
-    match s.decide(Api::Json, &request).await {
-        Ok(response) => (
-            status_of(&response),
-            [(header::CONTENT_TYPE, JSON)],
-            response_json(&response, s.subsecond_reset),
-        )
-            .into_response(),
-        Err(e) => Refusal::bad(e.to_string()).into_response(),
+    let now = s.clock.now();
+    let start = Instant::now();
+    let decided = s.engine.should_rate_limit_async(now, &request).await;
+    let took = start.elapsed();
+    let answer = match decided {
+        Ok(r) => crate::grpc::service_answer(&request, r, &s.service),
+        Err(e) => return s.refuse(Api::Json, Refusal::bad(e.to_string())),
+    };
+    s.metrics
+        .record(Api::Json, answer.decided.into(), Some(took));
+    if answer.shadowed {
+        s.metrics.record_global_shadow_mode();
     }
+    let over = answer.response.overall_code
+        == i32::from(
+            envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit,
+        );
+    let status = if over {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, JSON)],
+        protojson::proto_response_json(&answer.response),
+    )
+        .into_response()
 }
 
 async fn check_body(s: State<HttpState>, body: Result<Bytes, BytesRejection>) -> HttpResponse {

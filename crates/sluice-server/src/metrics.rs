@@ -19,6 +19,7 @@
 //! | `sluice_rule_shadow_decisions_total` | counter | `domain`, `rule` |
 //! | `sluice_rule_hits_total` | counter | `domain`, `rule`, `outcome` (`within_limit`, `over_limit`, `shadow_mode`) |
 //! | `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` | gauge (only grows) | `domain`, `key1`, `key2` (envoyproxy/ratelimit's names, from its statsd exporter mapping) |
+//! | `ratelimit_service_global_shadow_mode` | gauge (only grows) | (envoyproxy/ratelimit's `global_shadow_mode`: requests `SHADOW_MODE` answered `OK` instead of `OVER_LIMIT`) |
 //! | `sluice_engine_keys`, `sluice_engine_max_keys` | gauge | |
 //! | `sluice_engine_evictions_total` | counter | `reason` (`idle`, `forced`) |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
@@ -44,7 +45,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -145,6 +146,8 @@ pub struct Metrics {
     requests: [[Counter; 3]; 4],
     /// Configuration reloads: applied, refused.
     reloads: [Counter; 2],
+    /// Requests global shadow mode answered `OK` instead of `OVER_LIMIT`.
+    global_shadow_mode: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -199,6 +202,17 @@ impl Metrics {
             reloads_family,
         );
 
+        // envoyproxy/ratelimit's `ratelimit.service.global_shadow_mode` counter, named as its
+        // statsd exporter names an unmapped statistic. A gauge, so the name is exactly
+        // upstream's (OpenMetrics would end a counter's name in `_total`); it only grows.
+        let global_shadow_mode = Gauge::default();
+        registry.register(
+            "ratelimit_service_global_shadow_mode",
+            "Requests over the limit answered OK by global shadow mode (SHADOW_MODE; \
+             envoyproxy/ratelimit's name; only grows)",
+            global_shadow_mode.clone(),
+        );
+
         registry.register_collector(Box::new(Scraped { engine, cluster }));
         Self {
             registry,
@@ -206,6 +220,7 @@ impl Metrics {
             latency,
             requests,
             reloads,
+            global_shadow_mode,
         }
     }
 
@@ -224,6 +239,12 @@ impl Metrics {
     /// Records one reload of changed configuration files: applied (`ok`) or refused.
     pub fn record_reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
+    }
+
+    /// Records one request that global shadow mode answered `OK` instead of `OVER_LIMIT`
+    /// (envoyproxy/ratelimit's `global_shadow_mode` statistic).
+    pub fn record_global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
     }
 
     /// Records one request through `api`: how it was answered and, when the engine decided

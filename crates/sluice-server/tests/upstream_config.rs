@@ -197,3 +197,131 @@ fn share_threshold_without_a_wildcard_is_refused() {
     );
     assert_eq!(err.line, Some(5));
 }
+
+/// src/config/config_impl.go: `validateYamlKeys` checks every key of a file, at any depth
+/// but under `metadata`, against one list (`validKeys`), and `ConfigFileContentToYaml` then
+/// decodes with yaml.v2's `Unmarshal` (not `UnmarshalStrict`), which ignores the keys
+/// `YamlRoot` (`domain`, `descriptors`) or `YamlDescriptor` lack. So a known key where it
+/// means nothing is accepted and ignored, `metadata` at the top of a file included.
+#[test]
+fn known_keys_where_they_mean_nothing_are_accepted_and_ignored() {
+    let yaml = "domain: d
+metadata: { owner: team-a, anything: [1, 2], nested: { free: form } }
+name: ignored
+shadow_mode: true
+quota_mode: true
+key: ignored
+unit: fortnight
+rate_limit: { unit: second, requests_per_unit: 1, replaces: [{ name: x }] }
+descriptors:
+  - key: k
+    domain: ignored
+    unit: ignored
+    requests_per_unit: 7
+    rate_limit: { unit: minute, requests_per_unit: 3, key: ignored, shadow_mode: true }
+";
+    let config = Config::from_yaml("t.yaml", yaml).unwrap();
+    let domain = config.domain("d").unwrap();
+    let rule = domain.rule_for([("k", "v")]).unwrap();
+    match &rule.policy {
+        Policy::Limited(l) => assert_eq!(l.rate.requests_per_unit, 3),
+        Policy::Unlimited => panic!("limited"),
+    }
+    // `shadow_mode` under `rate_limit` is not the descriptor's: ignored.
+    assert!(!rule.shadow_mode);
+    assert_eq!(
+        domain.rules().len(),
+        1,
+        "the top-level rate_limit is no rule"
+    );
+}
+
+/// src/config/config_impl.go `validateYamlKeys`: an unknown key is refused wherever it is,
+/// even under a key that is itself ignored ("config error, unknown key 'X'"); a list of
+/// anything but mappings is refused ("yaml file contains list of type other than map"); a
+/// value that is not a string, an int, a bool, a mapping or a list is refused ("error
+/// checking config"): a float, even where Sluice would read a string. Sluice's own keys
+/// are unknown outside `rate_limit`, as upstream has no such keys.
+#[test]
+fn unknown_keys_and_unwalkable_values_are_refused_at_any_depth() {
+    type Reason = fn(&ConfigErrorKind) -> bool;
+    let cases: &[(&str, usize, Reason)] = &[
+        (
+            "domain: d
+owner: me
+",
+            2,
+            |k| matches!(k, ConfigErrorKind::UnknownField { field, .. } if field == "owner"),
+        ),
+        (
+            "domain: d
+algorithm: gcra
+",
+            2,
+            |k| matches!(k, ConfigErrorKind::UnknownField { field, .. } if field == "algorithm"),
+        ),
+        (
+            "domain: d
+rate_limit: { bogus: 1 }
+",
+            2,
+            |k| matches!(k, ConfigErrorKind::UnknownField { field, .. } if field == "bogus"),
+        ),
+        (
+            "domain: d
+name: [a]
+",
+            2,
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::WrongType {
+                        expected: "a mapping",
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "domain: d
+descriptors:
+  - key: k
+    value: 1.5
+",
+            4,
+            |k| matches!(k, ConfigErrorKind::UncheckableValue { field, text } if field == "value" && text == "1.5"),
+        ),
+        (
+            "domain: d
+descriptors:
+  - key: k
+    rate_limit: { unit: second, requests_per_unit: 2.0 }
+",
+            4,
+            |k| matches!(k, ConfigErrorKind::UncheckableValue { field, .. } if field == "requests_per_unit"),
+        ),
+        (
+            "domain: d
+unit: 99999999999999999999
+",
+            2,
+            |k| matches!(k, ConfigErrorKind::UncheckableValue { .. }),
+        ),
+    ];
+    for (yaml, line, reason) in cases {
+        let err = Config::from_yaml("t.yaml", yaml).unwrap_err();
+        assert!(
+            reason(&err.kind),
+            "{yaml:?}: refused for another reason: {err}"
+        );
+        assert_eq!(err.line, Some(*line), "{yaml:?}: {err}");
+    }
+    // Keys and values under `metadata` are not checked, at the top as on a descriptor.
+    Config::from_yaml(
+        "t.yaml",
+        "domain: d
+metadata: [1.5, { any: 0.5 }]
+",
+    )
+    .unwrap();
+}

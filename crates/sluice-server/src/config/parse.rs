@@ -15,6 +15,56 @@ use super::{
     RateLimit, Rule, RuleLeases, Unit,
 };
 
+/// envoyproxy/ratelimit's `validKeys` (`src/config/config_impl.go`): its `validateYamlKeys`
+/// checks every key of a file, at any depth but under `metadata`, against this one list,
+/// then its YAML decoder (yaml.v2's `Unmarshal`, not `UnmarshalStrict`) ignores the keys
+/// the struct at that place lacks. So a known key where it means nothing (`metadata` or
+/// `name` at the top of a file, `unit` on a descriptor) is accepted and ignored; an
+/// unknown one is refused wherever it is.
+const UPSTREAM_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "quota_mode",
+    "metadata",
+];
+/// The keys Sluice adds (under `rate_limit`, and `leases`' own), known to the same check;
+/// outside their place they are refused, as unknown keys are.
+const KNOWN_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "quota_mode",
+    "metadata",
+    "algorithm",
+    "burst",
+    "coordination",
+    "leases",
+    "policy",
+    "duration",
+];
 const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
@@ -79,12 +129,15 @@ impl FileParser<'_> {
         }
     }
 
-    /// The fields of a mapping, each checked against `allowed`.
+    /// The fields of a mapping, each checked against `allowed`. With `lenient` (the places
+    /// envoyproxy/ratelimit's format has), a key of [`UPSTREAM_KEYS`] not in `allowed` is
+    /// left out, as upstream's decoder ignores it; else it is refused as unknown.
     fn fields<'n, 'i>(
         &self,
         node: &'n Yaml<'i>,
         what: &str,
         allowed: &'static [&'static str],
+        lenient: bool,
     ) -> Result<Vec<(&'n str, &'n Yaml<'i>)>, ConfigError> {
         let YamlData::Mapping(map) = &node.data else {
             return Err(self.err(
@@ -107,6 +160,9 @@ impl FileParser<'_> {
                 }
             };
             if !allowed.contains(&name) {
+                if lenient && UPSTREAM_KEYS.contains(&name) {
+                    continue;
+                }
                 return Err(self.err(
                     k,
                     ConfigErrorKind::UnknownField {
@@ -118,6 +174,67 @@ impl FileParser<'_> {
             out.push((name, v));
         }
         Ok(out)
+    }
+
+    /// envoyproxy/ratelimit's `validateYamlKeys`, run on the whole file before it is read:
+    /// every key a string and a known one ([`KNOWN_KEYS`]), the items of every list
+    /// mappings, every other value a mapping, a string, a whole number, a boolean or null;
+    /// nothing under `metadata` is checked.
+    fn validate_keys(&self, node: &Yaml<'_>) -> Result<(), ConfigError> {
+        let YamlData::Mapping(map) = &node.data else {
+            return Ok(());
+        };
+        for (k, v) in map {
+            let name = match &k.data {
+                YamlData::Representation(s, ScalarStyle::Plain, _) if !is_yaml_string(s) => {
+                    return Err(self.err(k, ConfigErrorKind::NonStringKey(s.to_string())));
+                }
+                YamlData::Representation(s, _, _) => s.as_ref(),
+                _ => {
+                    return Err(self.err(k, ConfigErrorKind::NonStringKey("<not a scalar>".into())));
+                }
+            };
+            if !KNOWN_KEYS.contains(&name) {
+                return Err(self.err(
+                    k,
+                    ConfigErrorKind::UnknownField {
+                        field: name.to_string(),
+                        allowed: KNOWN_KEYS,
+                    },
+                ));
+            }
+            if name == "metadata" {
+                continue;
+            }
+            match &v.data {
+                YamlData::Mapping(_) => self.validate_keys(v)?,
+                YamlData::Sequence(items) => {
+                    for item in items {
+                        if !matches!(item.data, YamlData::Mapping(_)) {
+                            return Err(self.err(
+                                item,
+                                ConfigErrorKind::WrongType {
+                                    field: format!("{name} item"),
+                                    expected: "a mapping",
+                                },
+                            ));
+                        }
+                        self.validate_keys(item)?;
+                    }
+                }
+                YamlData::Representation(s, ScalarStyle::Plain, None) if is_yaml_float(s) => {
+                    return Err(self.err(
+                        v,
+                        ConfigErrorKind::UncheckableValue {
+                            field: name.to_string(),
+                            text: s.to_string(),
+                        },
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// A scalar as text; `None` for null (`~`, `null`, or nothing), as YAML decoders give
@@ -212,7 +329,7 @@ impl FileParser<'_> {
     fn domain(&self, doc: &Yaml<'_>) -> Result<Domain, ConfigError> {
         let mut name = None;
         let mut descriptors = Level::default();
-        for (field, v) in self.fields(doc, "file", ROOT_FIELDS)? {
+        for (field, v) in self.fields(doc, "file", ROOT_FIELDS, true)? {
             match field {
                 "domain" => name = Some((self.string(v, field)?.unwrap_or_default(), v)),
                 _ => self.level(v, "", &mut descriptors)?,
@@ -278,7 +395,7 @@ impl FileParser<'_> {
         let mut share_threshold = None;
         let mut value_to_metric = false;
         let mut metadata = None;
-        for (field, v) in self.fields(node, "descriptor", DESCRIPTOR_FIELDS)? {
+        for (field, v) in self.fields(node, "descriptor", DESCRIPTOR_FIELDS, true)? {
             match field {
                 "key" => key = self.string(v, field)?,
                 "value" => value = self.string(v, field)?,
@@ -371,7 +488,7 @@ impl FileParser<'_> {
         let mut burst = None;
         let mut coordination = None;
         let mut leases_node = None;
-        for (field, v) in self.fields(node, "rate_limit", RATE_LIMIT_FIELDS)? {
+        for (field, v) in self.fields(node, "rate_limit", RATE_LIMIT_FIELDS, true)? {
             match field {
                 "unit" => unit = self.string(v, field)?.map(|u| (u, v)),
                 "requests_per_unit" => rpu = Some(v),
@@ -385,7 +502,7 @@ impl FileParser<'_> {
                 "replaces" => {
                     for item in self.sequence(v, field)? {
                         let mut n = None;
-                        for (_, nv) in self.fields(item, "replaces entry", REPLACES_FIELDS)? {
+                        for (_, nv) in self.fields(item, "replaces entry", REPLACES_FIELDS, true)? {
                             n = self.string(nv, "name")?;
                         }
                         match n.filter(|n| !n.is_empty()) {
@@ -563,7 +680,7 @@ impl FileParser<'_> {
     /// A rule's `leases` mapping: `policy` and `duration`, both optional.
     fn leases(&self, node: &Yaml<'_>) -> Result<RuleLeases, ConfigError> {
         let mut out = RuleLeases::default();
-        for (field, v) in self.fields(node, "leases", LEASES_FIELDS)? {
+        for (field, v) in self.fields(node, "leases", LEASES_FIELDS, false)? {
             let text = self.string(v, field)?.unwrap_or_default();
             if field == "policy" {
                 let policy = RuleLeases::parse_policy(&text)
@@ -597,6 +714,18 @@ fn plain_scalar(s: &str) -> serde_json::Value {
         Ok(f) if f.is_finite() && s.bytes().any(|b| b.is_ascii_digit()) => J::from(f),
         _ => J::String(s.to_owned()),
     }
+}
+
+/// Whether a plain scalar is a number yaml.v2 decodes to neither `int` nor a string: a
+/// float (`0.5`, `1e3`, `.inf`, `.nan`) or a whole number beyond 64 bits.
+fn is_yaml_float(s: &str) -> bool {
+    let t = s.replace('_', "");
+    if t.parse::<i64>().is_ok() {
+        return false;
+    }
+    let special = matches!(t.trim_start_matches(['+', '-']), ".inf" | ".Inf" | ".INF")
+        || matches!(t.as_str(), ".nan" | ".NaN" | ".NAN");
+    special || (t.parse::<f64>().is_ok() && t.bytes().any(|b| b.is_ascii_digit()))
 }
 
 /// Whether a plain scalar is a string to a YAML decoder (envoyproxy/ratelimit's yaml.v2
@@ -652,7 +781,10 @@ pub(super) fn parse_file(file: &Path, text: &str) -> Result<Domain, ConfigError>
             column: None,
             kind: ConfigErrorKind::EmptyDomain,
         }),
-        [doc] => p.domain(doc),
+        [doc] => {
+            p.validate_keys(doc)?;
+            p.domain(doc)
+        }
         [_, second, ..] => Err(p.err(second, ConfigErrorKind::MultipleDocuments)),
     }
 }

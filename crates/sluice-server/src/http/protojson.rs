@@ -3,19 +3,19 @@
 
 use std::fmt;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::{self as pb_struct, UInt64Value};
 use rls::rate_limit_response::rate_limit::Unit as PbUnit;
+use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize};
 use sluice_limits::Nanos;
 
 use super::NS_PER_S;
-use crate::config::Unit;
-use crate::engine::{Code, DescriptorStatus, Request, Response};
+use crate::engine::{Request, Response};
 
 /// The engine's request for the protojson form of a `RateLimitRequest` (see the module
 /// documentation for what is accepted).
@@ -170,61 +170,6 @@ impl<'de> Deserialize<'de> for ProtoEnum {
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonResponse {
-    overall_code: &'static str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    statuses: Vec<JsonStatus>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonStatus {
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    current_limit: Option<JsonLimit>,
-    #[serde(skip_serializing_if = "is_zero")]
-    limit_remaining: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_until_reset: Option<String>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonLimit {
-    /// The rule's `name` (first: protojson writes fields in the proto's order).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<String>,
-    #[serde(skip_serializing_if = "is_zero")]
-    requests_per_unit: u32,
-    unit: &'static str,
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
-fn is_zero(v: &u32) -> bool {
-    *v == 0
-}
-
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::OverLimit => "OVER_LIMIT",
-    }
-}
-
-fn unit_name(unit: Unit) -> &'static str {
-    match unit {
-        Unit::Second => "SECOND",
-        Unit::Minute => "MINUTE",
-        Unit::Hour => "HOUR",
-        Unit::Day => "DAY",
-        Unit::Week => "WEEK",
-        Unit::Month => "MONTH",
-        Unit::Year => "YEAR",
-    }
-}
-
 /// A protojson `google.protobuf.Duration`: seconds with 0, 3, 6 or 9 fractional digits and
 /// an `s` (`"1s"`, `"0.250s"`, `"1.000000001s"`), as Go's `protojson` writes it.
 #[must_use]
@@ -241,39 +186,202 @@ pub fn proto_duration(ns: Nanos) -> String {
     }
 }
 
-fn status_json(s: &DescriptorStatus, subsecond: bool) -> JsonStatus {
-    // envoyproxy/ratelimit: the time left in the window, rounded up to a whole second.
-    let reset = |ns: Nanos| {
-        if subsecond {
-            proto_duration(ns)
-        } else {
-            proto_duration(ns.div_ceil(NS_PER_S).saturating_mul(NS_PER_S))
-        }
+/// The protojson form of `response` (`RateLimitResponse`) as the plain check answers it:
+/// the engine's answer alone (no service options but `subsecond`), `durationUntilReset` in
+/// whole seconds (rounded up) unless `subsecond`. `/json` answers [`proto_response_json`]
+/// of the service's whole answer.
+#[must_use]
+pub fn response_json(response: &Response, subsecond: bool) -> String {
+    let options = crate::grpc::GrpcOptions {
+        subsecond_reset: subsecond,
+        ..Default::default()
     };
-    JsonStatus {
-        code: code_name(s.code),
-        current_limit: s.current_limit.map(|l| JsonLimit {
-            name: s.limit_name.as_deref().map(str::to_owned),
-            requests_per_unit: l.requests_per_unit,
-            unit: unit_name(l.unit),
-        }),
-        limit_remaining: s.limit_remaining,
-        duration_until_reset: s.duration_until_reset.map(reset),
+    proto_response_json(&crate::grpc::response_to_proto_with(response, &options))
+}
+
+/// `response` as Go's `protojson.Marshal` writes it, which is what envoyproxy/ratelimit's
+/// `/json` answers (`NewJsonHandler` in its `src/server/server_impl.go` marshals the whole
+/// `RateLimitResponse`): fields in the order the `.proto` declares them, lowerCamelCase
+/// names, zero values and empty lists left out, enums by name, `Duration` as a string
+/// (`"1s"`), `google.protobuf.Struct` as a plain object with its keys sorted and its numbers
+/// as Go writes a `float64` (`1`, `0.5`, `1e+21`). (Go's writer also puts a space after
+/// some separators at random, to stop byte comparisons; this one never does.)
+#[must_use]
+pub fn proto_response_json(response: &rls::RateLimitResponse) -> String {
+    let mut o = Obj::default();
+    if let Some(code) = code_name(response.overall_code) {
+        o.raw("overallCode", &quoted(code));
+    }
+    if !response.statuses.is_empty() {
+        let items: Vec<String> = response.statuses.iter().map(status_json).collect();
+        o.raw("statuses", &format!("[{}]", items.join(",")));
+    }
+    for (name, headers) in [
+        ("responseHeadersToAdd", &response.response_headers_to_add),
+        ("requestHeadersToAdd", &response.request_headers_to_add),
+    ] {
+        if !headers.is_empty() {
+            let items: Vec<String> = headers.iter().map(header_json).collect();
+            o.raw(name, &format!("[{}]", items.join(",")));
+        }
+    }
+    if !response.raw_body.is_empty() {
+        o.raw("rawBody", &quoted(&base64(&response.raw_body)));
+    }
+    if let Some(m) = &response.dynamic_metadata {
+        o.raw("dynamicMetadata", &struct_json(m));
+    }
+    o.finish()
+}
+
+/// A JSON object written field by field, in the order given.
+#[derive(Default)]
+struct Obj(Vec<String>);
+
+impl Obj {
+    fn raw(&mut self, name: &str, json: &str) {
+        self.0.push(format!("{}:{json}", quoted(name)));
+    }
+
+    fn finish(self) -> String {
+        format!("{{{}}}", self.0.join(","))
     }
 }
 
-/// The protojson form of `response` (`RateLimitResponse`), as `/json` answers it;
-/// `durationUntilReset` in whole seconds (rounded up) unless `subsecond`.
+fn quoted(s: &str) -> String {
+    // Escaping a string cannot fail.
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+fn code_name(code: i32) -> Option<&'static str> {
+    match rls::rate_limit_response::Code::try_from(code).ok()? {
+        rls::rate_limit_response::Code::Unknown => None,
+        c => Some(c.as_str_name()),
+    }
+}
+
+fn status_json(s: &rls::rate_limit_response::DescriptorStatus) -> String {
+    let mut o = Obj::default();
+    if let Some(code) = code_name(s.code) {
+        o.raw("code", &quoted(code));
+    }
+    if let Some(l) = &s.current_limit {
+        // Declared in this order in rls.proto: `name` (3) first.
+        let mut limit = Obj::default();
+        if !l.name.is_empty() {
+            limit.raw("name", &quoted(&l.name));
+        }
+        if l.requests_per_unit != 0 {
+            limit.raw("requestsPerUnit", &l.requests_per_unit.to_string());
+        }
+        match PbUnit::try_from(l.unit) {
+            Ok(PbUnit::Unknown) => {}
+            Ok(u) => limit.raw("unit", &quoted(u.as_str_name())),
+            Err(_) => limit.raw("unit", &l.unit.to_string()),
+        }
+        o.raw("currentLimit", &limit.finish());
+    }
+    if s.limit_remaining != 0 {
+        o.raw("limitRemaining", &s.limit_remaining.to_string());
+    }
+    if let Some(d) = &s.duration_until_reset {
+        let ns = u64::try_from(d.seconds)
+            .unwrap_or(0)
+            .saturating_mul(NS_PER_S)
+            .saturating_add(u64::try_from(d.nanos).unwrap_or(0));
+        o.raw("durationUntilReset", &quoted(&proto_duration(ns)));
+    }
+    o.finish()
+}
+
+fn header_json(h: &HeaderValue) -> String {
+    let mut o = Obj::default();
+    if !h.key.is_empty() {
+        o.raw("key", &quoted(&h.key));
+    }
+    if !h.value.is_empty() {
+        o.raw("value", &quoted(&h.value));
+    }
+    if !h.raw_value.is_empty() {
+        o.raw("rawValue", &quoted(&base64(&h.raw_value)));
+    }
+    o.finish()
+}
+
+/// `bytes` as protojson writes them: standard base64, padded.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A `google.protobuf.Struct` as protojson writes it: an object, keys sorted.
+fn struct_json(s: &pb_struct::Struct) -> String {
+    let mut keys: Vec<&String> = s.fields.keys().collect();
+    keys.sort();
+    let mut o = Obj::default();
+    for k in keys {
+        o.raw(k, &value_json(&s.fields[k]));
+    }
+    o.finish()
+}
+
+fn value_json(v: &pb_struct::Value) -> String {
+    use pb_struct::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => "null".to_owned(),
+        Some(Kind::NumberValue(n)) => go_float(*n),
+        Some(Kind::StringValue(s)) => quoted(s),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => {
+            let items: Vec<String> = l.values.iter().map(value_json).collect();
+            format!("[{}]", items.join(","))
+        }
+    }
+}
+
+/// A `float64` as Go's protojson writes it: the shortest decimal that reads back as the
+/// same number, without exponent from 1e-6 to 1e21 (`1`, `0.5`, `123456`), else with one
+/// (`1e+21`, `1.5e-7`); NaN and the infinities as the strings protojson uses.
 #[must_use]
-pub fn response_json(response: &Response, subsecond: bool) -> String {
-    let json = JsonResponse {
-        overall_code: code_name(response.overall_code),
-        statuses: response
-            .statuses
-            .iter()
-            .map(|st| status_json(st, subsecond))
-            .collect(),
-    };
-    // Plain structs of strings and integers: serialising cannot fail.
-    serde_json::to_string(&json).unwrap_or_default()
+pub fn go_float(n: f64) -> String {
+    if n.is_nan() {
+        return "\"NaN\"".to_owned();
+    }
+    if n.is_infinite() {
+        return if n > 0.0 {
+            "\"Infinity\""
+        } else {
+            "\"-Infinity\""
+        }
+        .to_owned();
+    }
+    let abs = n.abs();
+    if abs == 0.0 || (1e-6..1e21).contains(&abs) {
+        // Rust's `Display` is the shortest round-trip form, never with an exponent.
+        return format!("{n}");
+    }
+    // `{:e}` is the shortest mantissa with a bare exponent (`1.5e-7`); Go signs a positive
+    // exponent (`1e+21`) and, in protojson, keeps a negative one without leading zero.
+    let e = format!("{n:e}");
+    match e.split_once('e') {
+        Some((mantissa, exp)) if !exp.starts_with('-') => format!("{mantissa}e+{exp}"),
+        _ => e,
+    }
 }
