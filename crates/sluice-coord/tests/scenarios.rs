@@ -1353,3 +1353,52 @@ fn both_restart_paths_of_the_daemon_keep_the_limit_and_give_it_back() {
     }
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// A rolling restart as Kubernetes does it, on the daemon's configuration: each node in turn
+/// leaves gracefully (SIGTERM: it hands everything to its heir), exits, and starts again by
+/// either restart path. The busy key and a key nobody has used (held as every node's default)
+/// stay at exactly L at every step, and nothing is ever enforced above L.
+#[test]
+fn a_rolling_restart_by_sigterm_keeps_the_whole_limit() {
+    let limit = 1_000_000;
+    let members: Vec<NodeId> = (0..3).collect();
+    let daemon = move |id: NodeId, links: Vec<(NodeId, f64)>| {
+        let mut c = Config::new(id, members.clone(), links, limit);
+        c.gamma = 0.25;
+        c.cycle = CYCLE;
+        c.lease = LEASE;
+        c.demand_tau = 5 * CYCLE;
+        c.heir = Some((id + 1) % 3);
+        c.fallback = Fallback::None;
+        c.audit_every = Some(10 * LEASE);
+        c.idle_after = Some(30 * LEASE);
+        c
+    };
+    let demand = |i: NodeId| 1.6 * limit as f64 * [0.5, 0.3, 0.2][i as usize];
+    let unused = KEY + 1;
+    for from_clock in [false, true] {
+        let mut c = Cluster::new(3, &complete(3), daemon.clone(), NetConfig::perfect(), 1)
+            .unwrap();
+        for i in 0..3 {
+            c.apply(Step::SetDemand(i, KEY, demand(i)));
+        }
+        c.apply(Step::Run(30));
+        for i in 0..3 {
+            c.apply(Step::Leave(i));
+            c.apply(Step::Run(25));
+            c.apply(Step::Crash(i));
+            c.apply(if from_clock {
+                Step::RestartFromClock(i)
+            } else {
+                Step::Restart(i)
+            });
+            c.apply(Step::SetDemand(i, KEY, demand(i)));
+            c.apply(Step::Run(30));
+            let case = format!("from clock {from_clock}, node {i} restarted");
+            assert_eq!(c.sum_own(KEY), limit, "{case}");
+            assert_eq!(c.sum_enforced(KEY), limit, "{case}");
+            assert_eq!(c.sum_own(unused), limit, "{case}: the default holdings");
+        }
+        assert!(c.violations.is_empty(), "{:?}", c.violations.first());
+    }
+}
