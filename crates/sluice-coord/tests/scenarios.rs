@@ -1377,8 +1377,7 @@ fn a_rolling_restart_by_sigterm_keeps_the_whole_limit() {
     let demand = |i: NodeId| 1.6 * limit as f64 * [0.5, 0.3, 0.2][i as usize];
     let unused = KEY + 1;
     for from_clock in [false, true] {
-        let mut c = Cluster::new(3, &complete(3), daemon.clone(), NetConfig::perfect(), 1)
-            .unwrap();
+        let mut c = Cluster::new(3, &complete(3), daemon.clone(), NetConfig::perfect(), 1).unwrap();
         for i in 0..3 {
             c.apply(Step::SetDemand(i, KEY, demand(i)));
         }

@@ -268,6 +268,23 @@ impl Cluster {
         let _ = n.child.wait();
     }
 
+    /// SIGTERM, as Kubernetes stops a pod: the node hands its capacity over and exits (kill
+    /// -9 after ten seconds, which fails the scenario's own checks).
+    pub(crate) fn terminate(&mut self, id: usize) {
+        self.signal(id, "TERM");
+        let mut n = self.nodes[id].take().expect("node is running");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = n.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        n.child.kill().unwrap();
+        let _ = n.child.wait();
+        panic!("node {id} did not exit within 10 s of SIGTERM");
+    }
+
     pub(crate) fn signal(&self, id: usize, sig: &str) {
         let pid = self.node(id).child.id().to_string();
         let ok = Command::new("kill")

@@ -159,6 +159,55 @@ fn restart_then_crash(start: Start, restarted: usize, victim: usize) {
     assert_whole(name, shares, "both survivors answer");
 }
 
+/// A rolling restart as Kubernetes does it: each node in turn gets SIGTERM (it hands its
+/// capacity to its heir and exits), starts again with the same command line (no state file,
+/// as a pod without a volume), and two seconds later the next one goes. No 1 s window may
+/// admit more than `L + burst`, and the cluster must serve 90 % of its limit again within
+/// three leases of the last start.
+#[test]
+fn a_rolling_restart_by_sigterm_keeps_the_limit() {
+    let _one = serial();
+    let name = "rolling-restart";
+    let mut c = Cluster::new(name, 3, Start::Plain);
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    let began = load.elapsed();
+    for i in 0..3 {
+        c.terminate(i);
+        c.start(i);
+        c.wait_healthy(i);
+        std::thread::sleep(2 * SEC);
+    }
+    let last = load.elapsed();
+    std::thread::sleep(4 * SEC);
+    let shares = c.total_share();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let bound = Duration::from_millis(LEASE_MS * 3);
+    let back = r.recovered_at(last - 2 * SEC, r.end, LIMIT * 9 / 10);
+    let (least, least_at) = r.min_window(SEC, began, last);
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            (
+                "least_1s_window_during_restarts",
+                format!("{least} at {least_at:.1?}"),
+            ),
+            (
+                "serving_limit_after_last_start",
+                format!("{:?}", back.map(|b| b.saturating_sub(last - 2 * SEC))),
+            ),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        back.is_some_and(|b| b <= last - 2 * SEC + bound),
+        "{name}: not back at 90 % of the limit within {bound:?} of the last start"
+    );
+    assert_whole(name, shares, "every node answers");
+}
+
 /// A node frozen with SIGSTOP for twice its lease while its clients' requests queue up, then
 /// SIGCONT. Its heir takes its share over after `lease·(1+ρ)²`; the frozen node, woken,
 /// must decide its queued requests on the lease it no longer holds: the fallback (none).
