@@ -37,6 +37,13 @@ pub enum Measure {
     /// bounds: a node whose share reached its demand takes no more, a node at 0 gives
     /// nothing (without them eq. 48 `p(k+1) = (I + γL) p(k)` diverges).
     Allowed,
+    /// Max-min fairness (water-filling across nodes): `p = −x`, so the law levels the shares
+    /// of the nodes that want more, and a node whose share reached its demand takes no more
+    /// (Case IV's bound). What a saturated node holds above its demand reaches the others
+    /// through the relay (spare to unmet demand, see `node`'s "Relay"). At rest every node
+    /// holds `min(r_i, λ)` with one level `λ`: a node's demand, however large, never pushes
+    /// another below its max-min fair share. Slope 1, the stability bound of Case I.
+    MaxMin,
     /// Seed 003 §III mean response time of an M/M/1 queue, `q = 1/(x − r)`, capped at
     /// `max_response` (also when `x ≤ r`), so `−dx/dq = 1/q² ≥ 1/max_response²`.
     MeanResponseTime {
@@ -57,6 +64,7 @@ impl Measure {
             }
             Self::LogRatio { min_share } => (r.max(min_share) / x.max(min_share)).ln(),
             Self::Allowed => x,
+            Self::MaxMin => -x,
             Self::MeanResponseTime { max_response } => {
                 let spare = x - r;
                 if spare * max_response <= 1.0 {
@@ -73,11 +81,17 @@ impl Measure {
     #[must_use]
     pub fn min_slope(&self) -> f64 {
         match *self {
-            Self::Throttled | Self::Allowed => 1.0,
+            Self::Throttled | Self::Allowed | Self::MaxMin => 1.0,
             Self::ThrottledRatio { min_demand } => min_demand,
             Self::LogRatio { min_share } => min_share,
             Self::MeanResponseTime { max_response } => 1.0 / (max_response * max_response),
         }
+    }
+
+    /// Whether a node whose share reached its demand takes no more (Case IV's bound).
+    #[must_use]
+    pub fn bounded_by_demand(&self) -> bool {
+        matches!(self, Self::Allowed | Self::MaxMin)
     }
 
     /// Whether the parameters are usable (positive and finite where required).
@@ -85,7 +99,7 @@ impl Measure {
     pub fn is_valid(&self) -> bool {
         let ok = |v: f64| v.is_finite() && v > 0.0;
         match *self {
-            Self::Throttled | Self::Allowed => true,
+            Self::Throttled | Self::Allowed | Self::MaxMin => true,
             Self::ThrottledRatio { min_demand } => ok(min_demand),
             Self::LogRatio { min_share } => ok(min_share),
             Self::MeanResponseTime { max_response } => ok(max_response),
@@ -103,11 +117,11 @@ pub struct Peer {
 }
 
 /// The gift `i → j` of the law, in capacity units (fractional; the caller rounds down):
-/// `γ·w_ij·(p_j − p_i)` when positive, else 0. Case IV (`Allowed`) honours the appendix
-/// bound: no gift to a saturated receiver.
+/// `γ·w_ij·(p_j − p_i)` when positive, else 0. Case IV (`Allowed`) and max-min honour the
+/// appendix bound: no gift to a saturated receiver.
 #[must_use]
 pub fn gift(measure: &Measure, gamma: f64, weight: f64, own: f64, peer: Peer) -> f64 {
-    if matches!(measure, Measure::Allowed) && peer.saturated {
+    if measure.bounded_by_demand() && peer.saturated {
         return 0.0;
     }
     let flow = gamma * weight * (peer.indicator - own);
@@ -167,6 +181,13 @@ mod tests {
             saturated: true,
         };
         assert_eq!(gift(&Measure::Allowed, 0.25, 1.0, 6.0, sat), 0.0);
+        assert_eq!(gift(&Measure::MaxMin, 0.25, 1.0, -12.0, sat), 0.0);
+        // Max-min: from the larger share to the smaller (p = −x).
+        let small = Peer {
+            indicator: -2.0,
+            saturated: false,
+        };
+        assert!((gift(&Measure::MaxMin, 0.25, 1.0, -10.0, small) - 2.0).abs() < 1e-12);
     }
 
     #[test]

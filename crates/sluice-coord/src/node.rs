@@ -296,8 +296,16 @@ pub struct Config {
     pub heir: Option<NodeId>,
     /// The gain `γ` (seed 000 eq. 3; `η` in seed 003).
     pub gamma: f64,
-    /// The performance measure.
+    /// The performance measure (of every key of class 0, see [`Config::class_measures`]).
     pub measure: Measure,
+    /// Measures of the key classes 1–3: a key's top two bits ([`Config::CLASS_SHIFT`]) name
+    /// its class, and class `c > 0` is divided by `class_measures[c − 1]` (`None`: by
+    /// [`Config::measure`]). Every node reads the class from the key itself, so even one that
+    /// never saw the key's demand divides it by the same measure as its peers (the law
+    /// equalises one indicator across the nodes, seed 000 eq. 3). Each class gives with the
+    /// gain scaled to its measure's slope, so every class keeps the stability bound the
+    /// node's γ meets for `measure` (seed 000 App. eq. 42).
+    pub class_measures: [Option<Measure>; 3],
     /// The global limit `L` of every key, in capacity units.
     pub limit: u64,
     /// The update cycle `Δ`.
@@ -361,6 +369,7 @@ impl Config {
                 0.5
             },
             measure: Measure::Throttled,
+            class_measures: [None; 3],
             limit,
             cycle: 100_000_000,
             lease: 1_000_000_000,
@@ -374,6 +383,31 @@ impl Config {
             forget_after: None,
             audit_every: Some(10_000_000_000),
         }
+    }
+
+    /// Where a key's class sits: `key >> CLASS_SHIFT` (its top two bits).
+    pub const CLASS_SHIFT: u32 = 62;
+
+    /// `key` moved to measure class `class` (0–3): its top two bits replaced.
+    #[must_use]
+    pub fn key_in_class(key: Key, class: u8) -> Key {
+        (key & !(3 << Self::CLASS_SHIFT)) | (u64::from(class & 3) << Self::CLASS_SHIFT)
+    }
+
+    /// The measure `key` is divided by (see [`Config::class_measures`]).
+    #[must_use]
+    pub fn measure_of(&self, key: Key) -> Measure {
+        match (key >> Self::CLASS_SHIFT) as usize {
+            0 => self.measure,
+            c => self.class_measures[c - 1].unwrap_or(self.measure),
+        }
+    }
+
+    /// The gain for `key` when the node gives with `gamma` under [`Config::measure`]: scaled
+    /// by the slope of the key's measure, so that it meets the same stability bound.
+    #[must_use]
+    pub fn gain_of(&self, key: Key, gamma: f64) -> f64 {
+        gamma * self.measure_of(key).min_slope() / self.measure.min_slope()
     }
 
     /// Node `n`'s initial share of every key (1/N rule; the remainder goes to the lowest
@@ -442,6 +476,15 @@ impl Config {
             && !self.links.iter().any(|l| l.0 == h)
         {
             return Err(ConfigError::Invalid("the heir must be a neighbour"));
+        }
+        for m in self.class_measures.iter().flatten() {
+            // The relay's gifts assume a measure of unmet demand (see "Relay"); the M/M/1
+            // measure wants `x > r` and is the node's own choice only.
+            if !m.is_valid() || matches!(m, Measure::MeanResponseTime { .. }) {
+                return Err(ConfigError::Invalid(
+                    "a class measure must be valid and not the response-time measure",
+                ));
+            }
         }
         if let Some(s) = self.pacing {
             s.validated()
@@ -1292,7 +1335,9 @@ impl Node {
     #[must_use]
     pub fn indicator(&self, key: Key) -> f64 {
         let demand = self.keys.get(&key).map_or(0.0, |k| k.demand.estimate());
-        self.cfg.measure.indicator(demand, self.own(key) as f64)
+        self.cfg
+            .measure_of(key)
+            .indicator(demand, self.own(key) as f64)
     }
 
     /// `(given to peer, received from peer)` on `key` for the current link incarnations.

@@ -1401,3 +1401,47 @@ fn a_rolling_restart_by_sigterm_keeps_the_whole_limit() {
         assert!(c.violations.is_empty(), "{:?}", c.violations.first());
     }
 }
+
+/// Measure classes (`Config::class_measures`): one cluster divides two keys by two measures,
+/// read from each key's top bits. Node 0 floods both keys (10 L of demand, a greedy client or
+/// a flood of requests); nodes 1 and 2 ask 0.2 L each. Under seed 000's Case I (equal
+/// throttled amounts) node 0 takes nearly the whole limit and the others are starved; under
+/// Case IV (max-min, water-filling) nodes 1 and 2 get what they ask and node 0 the rest.
+#[test]
+fn max_min_keeps_a_flooding_node_from_starving_the_others() {
+    let limit = 1_000_000;
+    let throttled = Config::key_in_class(KEY, 0);
+    let max_min = Config::key_in_class(KEY, 1);
+    let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
+        let mut c = cfg(3, 0.25, limit)(id, links);
+        c.class_measures[0] = Some(Measure::MaxMin);
+        c
+    };
+    let mut c = Cluster::new(3, &complete(3), make, NetConfig::perfect(), 1).unwrap();
+    for key in [throttled, max_min] {
+        c.apply(Step::SetDemand(0, key, 10.0 * limit as f64));
+        c.apply(Step::SetDemand(1, key, 0.2 * limit as f64));
+        c.apply(Step::SetDemand(2, key, 0.2 * limit as f64));
+    }
+    c.apply(Step::Run(200));
+    let own = |c: &Cluster, id, key| c.node(id).unwrap().own(key) as f64 / limit as f64;
+    for key in [throttled, max_min] {
+        assert_eq!(c.sum_own(key), limit);
+    }
+    for id in [1, 2] {
+        assert!(
+            own(&c, id, throttled) < 0.02,
+            "Case I: node {id} holds {}",
+            own(&c, id, throttled)
+        );
+        assert!(
+            own(&c, id, max_min) >= 0.19,
+            "max-min: node {id} holds {} of the 0.2 it asks",
+            own(&c, id, max_min)
+        );
+    }
+    // And node 0 holds the rest: what the others hold above their demand reached it.
+    let x0 = own(&c, 0, max_min);
+    assert!((0.59..=0.61).contains(&x0), "max-min: node 0 holds {x0}");
+    assert!(c.violations.is_empty(), "{:?}", c.violations.first());
+}

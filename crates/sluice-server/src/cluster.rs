@@ -275,7 +275,10 @@ impl<T: Transport> Cluster<T> {
             .copied()
             .find(|&m| m > spec.node_id && peers.contains_key(&m))
             .or_else(|| members.iter().copied().find(|m| peers.contains_key(m)));
+        // A key's measure is its rule's `fairness`, read from the key's class
+        // (`Fairness::key`): Case I for class 0, max-min and Case II for the others.
         cfg.measure = Measure::Throttled;
+        cfg.class_measures = crate::config::Fairness::class_measures(SCALE);
         cfg.gamma = gain(spec, &cfg.measure)?;
         cfg.cycle = nanos(spec.cycle);
         cfg.lease = nanos(spec.lease);

@@ -129,6 +129,67 @@ pub enum Coordination {
     TokenServer,
 }
 
+/// How the nodes of a `coordination: cluster` rule divide its limit (Sluice's `fairness`):
+/// the performance measure the share law equalises across them (seed 000 Table 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Fairness {
+    /// Max-min (water-filling): every node gets its demand up to one common level, and a
+    /// node's demand, however large (a flood, a greedy lease client), never pushes another
+    /// below that level. The default.
+    #[default]
+    MaxMin,
+    /// Seed 000 Case I: equal throttled amounts `r − x` (seed 003's spare capacity). A node
+    /// whose demand exceeds the others' by more than the limit takes the whole limit.
+    Throttled,
+    /// Seed 000 Case II: equal throttled fractions `(r − x)/r`: each node gets the same
+    /// fraction of its demand.
+    Ratio,
+}
+
+impl Fairness {
+    /// The name as written in a configuration file.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MaxMin => "max-min",
+            Self::Throttled => "throttled",
+            Self::Ratio => "ratio",
+        }
+    }
+
+    /// The measure class of this fairness' keys (`sluice_coord::node::Config::class_measures`).
+    #[must_use]
+    pub fn class(self) -> u8 {
+        match self {
+            Self::Throttled => 0,
+            Self::MaxMin => 1,
+            Self::Ratio => 2,
+        }
+    }
+
+    /// The cluster key `key` in this fairness' class: every node reads the measure from the
+    /// key, so all divide it alike.
+    #[must_use]
+    pub fn key(self, key: u64) -> u64 {
+        sluice_coord::node::Config::key_in_class(key, self.class())
+    }
+
+    /// The node's measures of classes 1–3 for keys whose limit is `scale` units (class 0,
+    /// `throttled`, is the node's own measure, Case I).
+    #[must_use]
+    pub fn class_measures(scale: u64) -> [Option<sluice_coord::law::Measure>; 3] {
+        use sluice_coord::law::Measure;
+        [
+            Some(Measure::MaxMin),
+            // Demands below 1 % of the limit count as 1 %: the floor the stability bound needs.
+            Some(Measure::ThrottledRatio {
+                min_demand: scale as f64 / 100.0,
+            }),
+            None,
+        ]
+    }
+}
+
 impl Coordination {
     /// The name as written in a configuration file.
     #[must_use]
@@ -210,6 +271,8 @@ pub struct Limited {
     pub burst: Option<u64>,
     /// Sluice's `coordination`.
     pub coordination: Coordination,
+    /// Sluice's `fairness` (how a `cluster` rule's limit is divided).
+    pub fairness: Fairness,
     /// The limit handed to the algorithm; `None` when `requests_per_unit` is 0 (a block rule,
     /// envoyproxy/ratelimit's "black list": every request is over the limit).
     pub limit: Option<Limit>,
@@ -379,6 +442,14 @@ pub enum ConfigErrorKind {
     /// `leases.duration` is not a duration, or out of range.
     #[error("`leases.duration` must be a duration from 1ms to 1d (e.g. 500ms, 10s, 1m), got {0:?}")]
     BadLeaseDuration(String),
+    /// `fairness` is not `max-min`, `throttled` or `ratio`.
+    #[error("unknown fairness {0:?} (expected max-min, throttled or ratio)")]
+    UnknownFairness(String),
+    /// `fairness` on a rule that is not `coordination: cluster`.
+    #[error(
+        "`fairness` divides a cluster rule's limit among the nodes: it has no effect on coordination: {0} rules"
+    )]
+    FairnessUnused(&'static str),
     /// `leases` on a rule whose coordination cannot be leased.
     #[error("`leases` has no effect on coordination: {0} rules (leases are refused for them)")]
     LeasesUnsupported(&'static str),

@@ -278,6 +278,7 @@ fn override_rule(rate: RateLimit) -> Limited {
         algorithm: AlgorithmKind::FixedWindow,
         burst: None,
         coordination: Coordination::Local,
+        fairness: crate::config::Fairness::default(),
         limit: Limit::from_nanos(u64::from(rate.requests_per_unit), rate.unit.nanos()).ok(),
     }
 }
@@ -797,7 +798,10 @@ impl Engine {
         let mut refusable = None;
         let limit = match (rule.coordination, self.shares.get()) {
             (Coordination::Cluster, Some(shares)) => {
-                let key = cluster_key(domain, d.entries.iter().map(|e| (&*e.key, &*e.value)));
+                let key = rule.fairness.key(cluster_key(
+                    domain,
+                    d.entries.iter().map(|e| (&*e.key, &*e.value)),
+                ));
                 refusable = Some((shares, key));
                 // Windows count a whole period: a share that moved within it must not be
                 // used twice (`shares` module documentation); buckets meter a rate.

@@ -334,7 +334,7 @@ impl Capacity {
         };
         let capacity = match (l.coordination, engine.shares()) {
             (Coordination::Cluster, Some(shares)) => {
-                let key = cluster_key(domain, entries());
+                let key = l.fairness.key(cluster_key(domain, entries()));
                 let units = u128::from(shares.units(key).min(SCALE));
                 let share = u128::from(limit) * units / u128::from(SCALE);
                 Self::Limited {

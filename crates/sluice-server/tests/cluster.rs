@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 const LIMIT: u64 = 2_000;
 
-fn config() -> Config {
+fn config(fairness: &str) -> Config {
     Config::from_yaml(
         "cluster.yaml",
         &format!(
@@ -32,6 +32,7 @@ descriptors:
       algorithm: gcra
       burst: 200
       coordination: cluster
+      fairness: {fairness}
 "
         ),
     )
@@ -50,6 +51,10 @@ struct Node {
 }
 
 async fn start(n: usize) -> Vec<Node> {
+    start_with(n, "max-min").await
+}
+
+async fn start_with(n: usize, fairness: &str) -> Vec<Node> {
     let mut sockets = Vec::new();
     for _ in 0..n {
         sockets.push(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -68,7 +73,7 @@ async fn start(n: usize) -> Vec<Node> {
         let mut spec = ClusterSpec::new(i as u32, peers, key());
         spec.cycle = Duration::from_millis(20);
         spec.lease = Duration::from_millis(400);
-        let engine = Arc::new(Engine::new(config()));
+        let engine = Arc::new(Engine::new(config(fairness)));
         let cluster = Cluster::new(&spec, socket, &engine).unwrap();
         let (stop, mut rx) = watch::channel(false);
         let c = cluster.clone();
@@ -129,10 +134,41 @@ async fn stop(nodes: Vec<Node>) {
 }
 
 /// Skewed demand above the limit: once converged, the cluster admits the global limit
-/// (within 2%), and the loaded node holds most of it (seed 003 §III-A: indicators equalise).
+/// (within 2%). Max-min (the default): the small node gets its demand, the two others one
+/// level (water-filling: 0.15 + 2 × 0.425 = 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_overload_admits_the_global_limit_max_min() {
+    let nodes = start(3).await;
+    let l = LIMIT as f64;
+    let rates = [1.4 * l, 0.45 * l, 0.15 * l];
+    let counts = load(&nodes, &rates, 5.0, 2.0).await;
+    let admitted: u64 = counts.iter().map(|c| c.0).sum();
+    let expect = 2.0 * l;
+    let err = (admitted as f64 - expect) / expect;
+    let shares: Vec<f64> = nodes
+        .iter()
+        .map(|n| n.cluster.status().keys.first().map_or(0.0, |k| k.share))
+        .collect();
+    eprintln!(
+        "max-min: admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
+        err * 100.0
+    );
+    assert!(
+        err.abs() <= 0.02,
+        "admitted {admitted}, expected {expect} ± 2%"
+    );
+    assert!(shares.iter().sum::<f64>() <= 1.0 + 1e-9);
+    for (s, want) in shares.iter().zip([0.425, 0.425, 0.15]) {
+        assert!((s - want).abs() <= 0.02, "max-min shares {shares:?}");
+    }
+    stop(nodes).await;
+}
+
+/// The same under `fairness: throttled` (seed 000 Case I): the loaded node holds most of the
+/// limit (seed 003 §III-A: indicators equalise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_overload_admits_the_global_limit() {
-    let nodes = start(3).await;
+    let nodes = start_with(3, "throttled").await;
     let l = LIMIT as f64;
     let rates = [1.4 * l, 0.45 * l, 0.15 * l];
     let counts = load(&nodes, &rates, 5.0, 2.0).await;

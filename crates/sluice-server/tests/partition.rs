@@ -42,6 +42,7 @@ use sluice_coord::node::Fallback;
 use sluice_coord::stability::max_gain;
 use sluice_graph::{Topology, auto_gamma};
 use sluice_server::cluster::{Cluster, ClusterSpec, PeerSpec};
+use sluice_server::config::Fairness;
 use sluice_server::peer::{PeerKey, Transport};
 use sluice_server::shares::{SCALE, cluster_key};
 use sluice_server::status::{ClusterInfo, ClusterStatus};
@@ -69,6 +70,8 @@ descriptors:
       algorithm: gcra
       burst: 50
       coordination: cluster
+      # The shares these tests predict are seed 000 Case I's (`equalised`).
+      fairness: throttled
 "
         ),
     )
@@ -76,7 +79,7 @@ descriptors:
 }
 
 fn key() -> u64 {
-    cluster_key("api", [("tenant", "acme")])
+    Fairness::Throttled.key(cluster_key("api", [("tenant", "acme")]))
 }
 
 /// Loss per direction `(from, to)`, drawn from one seeded generator (splitmix64), so a run
@@ -183,7 +186,7 @@ impl Sample {
 
 /// The key of tenant `t` (a descriptor value of the rule).
 fn tenant_key(t: &str) -> u64 {
-    cluster_key("api", [("tenant", t)])
+    Fairness::Throttled.key(cluster_key("api", [("tenant", t)]))
 }
 
 fn request(tenant: &str) -> Request {

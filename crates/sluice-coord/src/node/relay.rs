@@ -193,19 +193,21 @@ impl Node {
     }
 
     pub(super) fn law_give(&mut self, usable: &[(NodeId, f64)]) {
-        let measure = self.cfg.measure;
+        let base = self.cfg.measure;
         let reservation = self.reservation;
         // γ within the stability bound of the neighbours given to now (seed 003 Thm 1): a
         // gain raised by `set_gamma` for fewer live neighbours must not give to more. The
         // slack keeps a configured γ at the bound exactly as it is.
-        let bound = stability::max_gain(&measure, usable.iter().map(|&(_, w)| w).sum());
-        let gamma = if self.cfg.gamma > bound * (1.0 + 1e-9) {
+        let bound = stability::max_gain(&base, usable.iter().map(|&(_, w)| w).sum());
+        let base_gamma = if self.cfg.gamma > bound * (1.0 + 1e-9) {
             bound
         } else {
             self.cfg.gamma
         };
         let mut wants = StackVec::<(NodeId, f64), 16>::new();
-        for ks in self.keys.values_mut() {
+        for (&key, ks) in &mut self.keys {
+            let measure = self.cfg.measure_of(key);
+            let gamma = self.cfg.gain_of(key, base_gamma);
             let own = ks.own();
             let p_own = measure.indicator(ks.demand.estimate(), own as f64);
             let budget = own.saturating_sub(reservation);

@@ -11,8 +11,8 @@ use sluice_limits::{AlgorithmKind, Limit};
 
 use super::tree::{Node, Wildcard};
 use super::{
-    ConfigError, ConfigErrorKind, Coordination, Domain, Level, Limited, Location, Metadata, Policy,
-    RateLimit, Rule, RuleLeases, Unit,
+    ConfigError, ConfigErrorKind, Coordination, Domain, Fairness, Level, Limited, Location,
+    Metadata, Policy, RateLimit, Rule, RuleLeases, Unit,
 };
 
 /// envoyproxy/ratelimit's `validKeys` (`src/config/config_impl.go`): its `validateYamlKeys`
@@ -61,6 +61,7 @@ const KNOWN_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "coordination",
+    "fairness",
     "leases",
     "policy",
     "duration",
@@ -88,6 +89,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "algorithm",
     "burst",
     "coordination",
+    "fairness",
     "leases",
 ];
 const LEASES_FIELDS: &[&str] = &["policy", "duration"];
@@ -487,6 +489,7 @@ impl FileParser<'_> {
         let mut algorithm = None;
         let mut burst = None;
         let mut coordination = None;
+        let mut fairness = None;
         let mut leases_node = None;
         for (field, v) in self.fields(node, "rate_limit", RATE_LIMIT_FIELDS, true)? {
             match field {
@@ -514,6 +517,7 @@ impl FileParser<'_> {
                 "algorithm" => algorithm = Some(v),
                 "burst" => burst = Some(v),
                 "leases" => leases_node = Some(v),
+                "fairness" => fairness = Some(v),
                 _ => coordination = Some(v),
             }
         }
@@ -534,6 +538,7 @@ impl FileParser<'_> {
                 ("algorithm", algorithm),
                 ("burst", burst),
                 ("coordination", coordination),
+                ("fairness", fairness),
                 ("leases", leases_node),
             ] {
                 if let Some(v) = v {
@@ -583,6 +588,22 @@ impl FileParser<'_> {
                 },
                 None => Coordination::Local,
             };
+            let fairness = match fairness {
+                Some(v) if coordination != Coordination::Cluster => {
+                    return Err(self.err(v, ConfigErrorKind::FairnessUnused(coordination.name())));
+                }
+                Some(v) => match self.string(v, "fairness")?.as_deref() {
+                    Some("max-min" | "max_min") | None => Fairness::MaxMin,
+                    Some("throttled") => Fairness::Throttled,
+                    Some("ratio") => Fairness::Ratio,
+                    Some(other) => {
+                        return Err(
+                            self.err(v, ConfigErrorKind::UnknownFairness(other.to_string()))
+                        );
+                    }
+                },
+                None => Fairness::default(),
+            };
             // Count ≥ 1, period ≥ 1 s and burst ≥ 1 are checked above, so these cannot fail.
             let limit = Limit::from_nanos(u64::from(requests_per_unit), unit.nanos())
                 .ok()
@@ -616,6 +637,7 @@ impl FileParser<'_> {
                 algorithm,
                 burst,
                 coordination,
+                fairness,
                 limit,
             })
         };
