@@ -32,6 +32,8 @@ pub struct DemoSpec {
     pub phase_seconds: u64,
     /// The update cycle.
     pub cycle: Duration,
+    /// How the nodes divide the limit (the rule's `fairness`).
+    pub fairness: crate::config::Fairness,
 }
 
 impl Default for DemoSpec {
@@ -41,6 +43,7 @@ impl Default for DemoSpec {
             limit: 1_000,
             phase_seconds: 14,
             cycle: Duration::from_millis(50),
+            fairness: crate::config::Fairness::default(),
         }
     }
 }
@@ -185,7 +188,7 @@ pub enum DemoError {
     Metrics(#[from] std::fmt::Error),
 }
 
-fn yaml(limit: u32) -> String {
+fn yaml(limit: u32, fairness: crate::config::Fairness) -> String {
     format!(
         "
 domain: demo
@@ -197,8 +200,10 @@ descriptors:
       algorithm: gcra
       burst: {}
       coordination: cluster
+      fairness: {}
 ",
-        (limit / 50).max(1)
+        (limit / 50).max(1),
+        fairness.name()
     )
 }
 
@@ -219,7 +224,7 @@ pub async fn run(
     let dir = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("demo.yaml");
-    std::fs::write(&config_path, yaml(spec.limit))?;
+    std::fs::write(&config_path, yaml(spec.limit, spec.fairness))?;
     // Peer ports: picked free, then handed to the nodes (each node must know the others').
     let mut peer_addrs = Vec::new();
     for _ in 0..n {

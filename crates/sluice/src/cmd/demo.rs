@@ -38,6 +38,10 @@ pub(crate) struct Args {
     /// With --algorithms: seconds of traffic.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// How the nodes divide the limit: `max-min` (the default of cluster rules),
+    /// `throttled` (seed 000 Case I) or `ratio` (Case II).
+    #[arg(long, default_value = "max-min")]
+    fairness: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -56,6 +60,12 @@ fn cluster(args: &Args) -> anyhow::Result<()> {
         limit: args.rate,
         phase_seconds: args.phase_seconds,
         cycle: Duration::from_millis(50),
+        fairness: match args.fairness.as_str() {
+            "max-min" | "max_min" => sluice_server::config::Fairness::MaxMin,
+            "throttled" => sluice_server::config::Fairness::Throttled,
+            "ratio" => sluice_server::config::Fairness::Ratio,
+            other => anyhow::bail!("--fairness {other}: expected max-min, throttled or ratio"),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
