@@ -61,7 +61,7 @@ async fn start(n: usize) -> Vec<Node> {
             .filter(|&j| j != i)
             .map(|j| PeerSpec {
                 id: j as u32,
-                addr: addrs[j],
+                addr: addrs[j].into(),
                 weight: 1.0,
             })
             .collect();
