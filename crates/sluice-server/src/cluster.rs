@@ -30,7 +30,8 @@
 //!   reports it in `/v1/cluster` (`gamma_auto`).
 //!
 //! The socket is anything that implements [`Transport`]: the tokio UDP socket in production,
-//! a simulated network in the partition tests.
+//! a simulated network in the partition tests. Peers given by host name are looked up in the
+//! background and followed when their address changes ([`addrs`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -47,8 +48,12 @@ use sluice_coord::wire::{self, Lifecycle, NodeId};
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
+mod addrs;
 mod gamma;
 
+pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_peers};
+
+use addrs::Addrs;
 use gamma::{AutoGamma, apply_gamma, auto_edges, auto_gain, gain};
 
 use crate::engine::Engine;
@@ -61,8 +66,9 @@ use crate::status::{ClusterInfo, ClusterStatus, KeyShareStatus, MemberStatus, Pe
 pub struct PeerSpec {
     /// Its node id.
     pub id: NodeId,
-    /// Where its peer transport listens.
-    pub addr: SocketAddr,
+    /// Where its peer transport listens: an IP literal, or a name looked up every
+    /// [`ClusterSpec::resolve_every`].
+    pub addr: PeerAddr,
     /// Link weight `w_ij` (seed 000 eq. 3).
     pub weight: f64,
 }
@@ -114,6 +120,10 @@ pub struct ClusterSpec {
     /// dead by its heir), so that the next start comes back above every incarnation it has
     /// used: a restart that reused one would be taken for a node its peers already settled.
     pub state_file: Option<std::path::PathBuf>,
+    /// Looks up the peers given by name.
+    pub resolver: Arc<dyn Resolver>,
+    /// How often the peers given by name are looked up again.
+    pub resolve_every: Duration,
 }
 
 impl ClusterSpec {
@@ -136,6 +146,8 @@ impl ClusterSpec {
             // cut off from us that long, and bounds what rolling restarts leave behind.
             forget_after: Duration::from_secs(600),
             state_file: None,
+            resolver: Arc::new(SystemResolver),
+            resolve_every: RESOLVE_EVERY,
         }
     }
 }
@@ -183,6 +195,10 @@ pub struct Cluster<T: Transport = UdpSocket> {
     shares: Arc<Shares>,
     socket: T,
     peers: BTreeMap<NodeId, PeerSpec>,
+    /// Where messages to each peer go now (names re-resolved in the background).
+    addrs: Arc<Addrs>,
+    resolver: Arc<dyn Resolver>,
+    resolve_every: Duration,
     key: PeerKey,
     me: NodeId,
     start: Instant,
@@ -222,6 +238,7 @@ struct Counters {
     rejected_unauthenticated: AtomicU64,
     rejected_malformed: AtomicU64,
     rejected_version: AtomicU64,
+    unaddressed: AtomicU64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -253,6 +270,11 @@ impl<T: Transport> Cluster<T> {
                     p.id, p.weight
                 )));
             }
+        }
+        if spec.resolve_every.is_zero() {
+            return Err(ClusterError::Invalid(
+                "the peer lookup interval must be positive".into(),
+            ));
         }
         if spec.cycle.is_zero() || spec.lease < spec.cycle * 4 {
             return Err(ClusterError::Invalid(format!(
@@ -313,6 +335,8 @@ impl<T: Transport> Cluster<T> {
             measure: node.config().measure,
         });
         let gamma_auto = auto.as_ref().map(|_| node.config().gamma);
+        let prefer_v4 = socket.local_addr().map_or(true, |a| a.is_ipv4());
+        let addrs = Arc::new(Addrs::new(peers.values(), prefer_v4));
         Ok(Arc::new(Self {
             node: Mutex::new(Driven {
                 node,
@@ -327,6 +351,9 @@ impl<T: Transport> Cluster<T> {
             shares,
             socket,
             peers,
+            addrs,
+            resolver: spec.resolver.clone(),
+            resolve_every: spec.resolve_every,
             key: spec.key.clone(),
             me: spec.node_id,
             start,
@@ -378,6 +405,14 @@ impl<T: Transport> Cluster<T> {
         self: Arc<Self>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ClusterError> {
+        // Lookups block: they run beside the driver, never in its loop; aborted on return.
+        let _lookups = (!self.addrs.names().is_empty()).then(|| {
+            AbortOnDrop(tokio::spawn(addrs::follow(
+                self.addrs.clone(),
+                self.resolver.clone(),
+                self.resolve_every,
+            )))
+        });
         let mut tick = tokio::time::interval(self.cycle);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -659,13 +694,18 @@ impl<T: Transport> Cluster<T> {
         }
         let mut out = Vec::with_capacity(ready.messages.len());
         for m in ready.messages {
-            let Some(p) = self.peers.get(&m.to) else {
+            if !self.peers.contains_key(&m.to) {
+                continue;
+            }
+            // A peer whose name has not resolved yet: like a lost message, it only delays.
+            let Some(addr) = self.addrs.get(m.to) else {
+                self.counters.unaddressed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             // A message too large for one datagram is dropped: like a lost one it only
             // delays (the next one carries the same counters). See docs/PROTOCOL.md.
             if let Ok(d) = peer::seal(&self.key, self.me, m.to, &wire::encode(&m.message)) {
-                out.push((p.addr, d));
+                out.push((addr, d));
             }
         }
         out
@@ -683,6 +723,16 @@ impl<T: Transport> Cluster<T> {
                     .fetch_add(d.len() as u64, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// Aborts a background task when dropped (the driver's return, or its future dropped).
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -720,17 +770,22 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
         let members = self
             .peers
             .values()
-            .map(|p| MemberStatus {
-                id: p.id,
-                addr: p.addr.to_string(),
-                weight: p.weight,
-                link: match node.link_state(p.id, now) {
-                    Some(LinkState::Up) => "up",
-                    Some(LinkState::Suspect) => "suspect",
-                    Some(LinkState::Down) | None => "down",
+            .map(|p| {
+                let a = self.addrs.view(p.id);
+                MemberStatus {
+                    id: p.id,
+                    addr: a.current.map(|a| a.to_string()),
+                    host: a.host,
+                    resolve_error: a.error,
+                    weight: p.weight,
+                    link: match node.link_state(p.id, now) {
+                        Some(LinkState::Up) => "up",
+                        Some(LinkState::Suspect) => "suspect",
+                        Some(LinkState::Down) | None => "down",
+                    }
+                    .into(),
+                    heir: heir == Some(p.id),
                 }
-                .into(),
-                heir: heir == Some(p.id),
             })
             .collect();
         let keys = node
@@ -768,6 +823,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             live_members: d.live.iter().copied().collect(),
             cycle_ms: cfg.cycle as f64 / 1e6,
             members,
+            peers_unresolved: self.addrs.unresolved(),
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
             keys,
             dead_link_records: node.dead_link_records(),
@@ -781,40 +837,10 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 rejected_unauthenticated: c.rejected_unauthenticated.load(Ordering::Relaxed),
                 rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
                 rejected_version: c.rejected_version.load(Ordering::Relaxed),
+                unaddressed: c.unaddressed.load(Ordering::Relaxed),
             },
         }
     }
-}
-
-/// Parses `ID=HOST:PORT[,ID=HOST:PORT…]` (`--peers`), weight 1 each; `ID=HOST:PORT@W` sets a
-/// weight.
-///
-/// # Errors
-/// [`ClusterError::Invalid`] naming the bad entry.
-pub fn parse_peers(text: &str) -> Result<Vec<PeerSpec>, ClusterError> {
-    let mut out = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let bad = |why: &str| {
-            ClusterError::Invalid(format!(
-                "--peers entry `{item}`: {why} (expected ID=HOST:PORT[@WEIGHT])"
-            ))
-        };
-        let (id, rest) = item.split_once('=').ok_or_else(|| bad("no `=`"))?;
-        let id: NodeId = id
-            .trim()
-            .parse()
-            .map_err(|_| bad("the id must be an integer"))?;
-        let (addr, weight) = match rest.rsplit_once('@') {
-            Some((a, w)) => (a, w.parse::<f64>().map_err(|_| bad("bad weight"))?),
-            None => (rest, 1.0),
-        };
-        let addr = std::net::ToSocketAddrs::to_socket_addrs(addr.trim())
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| bad("cannot resolve the address"))?;
-        out.push(PeerSpec { id, addr, weight });
-    }
-    Ok(out)
 }
 
 /// Parses a fallback mode: `none`, `reserved:F` (0 < F ≤ 1), `last-share`.

@@ -241,7 +241,7 @@ pub async fn run(
             .filter(|&j| j != i)
             .map(|j| PeerSpec {
                 id: j as u32,
-                addr: peer_addrs[j],
+                addr: peer_addrs[j].into(),
                 weight: 1.0,
             })
             .collect();

@@ -29,6 +29,8 @@
 //! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
+//! | `sluice_cluster_peers_unresolved` | gauge | |
+//! | `sluice_peer_unaddressed_total` | counter | |
 //! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
 //!
 //! The shares are this node's part of each key's global limit: they add up to at most 1
@@ -680,6 +682,12 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
     )?;
     gauge(
         encoder,
+        "sluice_cluster_peers_unresolved",
+        "Peers given by host name whose name has not resolved yet (nothing is sent to them)",
+        s.peers_unresolved as f64,
+    )?;
+    gauge(
+        encoder,
         "sluice_cluster_gamma",
         "The gain of the share update in use",
         s.gamma,
@@ -729,6 +737,15 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         for (direction, v) in [("sent", p.bytes_sent), ("received", p.bytes_received)] {
             ConstCounter::new(v).encode(m.encode_family(&[("direction", direction)])?)?;
         }
+    }
+    {
+        let m = encoder.encode_descriptor(
+            "sluice_peer_unaddressed",
+            "Peer messages not sent: the peer's host name had not resolved yet",
+            None,
+            counter.metric_type(),
+        )?;
+        ConstCounter::new(p.unaddressed).encode(m)?;
     }
     let mut m = encoder.encode_descriptor(
         "sluice_peer_rejected",

@@ -37,6 +37,8 @@ pub struct ClusterStatus {
     pub cycle_ms: f64,
     /// Every configured peer.
     pub members: Vec<MemberStatus>,
+    /// Peers given by host name whose name has not resolved yet (nothing is sent to them).
+    pub peers_unresolved: usize,
     /// Share of a key this node has no state for (fraction of the key's limit).
     pub default_share: f64,
     /// Shares of the keys with state.
@@ -71,6 +73,7 @@ impl ClusterStatus {
             live_members: Vec::new(),
             cycle_ms: 0.0,
             members: Vec::new(),
+            peers_unresolved: 0,
             default_share: 1.0,
             keys: Vec::new(),
             dead_link_records: 0,
@@ -86,8 +89,14 @@ impl ClusterStatus {
 pub struct MemberStatus {
     /// Its id.
     pub id: u32,
-    /// Its peer address.
-    pub addr: String,
+    /// The peer address messages go to; `None` while its name has not resolved yet.
+    pub addr: Option<String>,
+    /// `HOST:PORT` as configured, when given by name (looked up again every few seconds);
+    /// `None` for an IP literal.
+    pub host: Option<String>,
+    /// Why the last lookup of `host` failed, while it keeps failing (`addr` is then the last
+    /// address found, if any).
+    pub resolve_error: Option<String>,
     /// Link weight `w_ij`.
     pub weight: f64,
     /// `up` (heard within two cycles), `suspect` (within a lease), `down`.
@@ -135,6 +144,8 @@ pub struct PeerCounters {
     /// Datagrams rejected: authentic, from a peer speaking another wire version (a rolling
     /// upgrade across versions, see docs/PROTOCOL.md "Upgrades").
     pub rejected_version: u64,
+    /// Messages not sent: the peer's name had not resolved yet.
+    pub unaddressed: u64,
 }
 
 /// Something that can describe the cluster (the cluster driver).

@@ -66,7 +66,7 @@ async fn start_with(n: usize, fairness: &str) -> Vec<Node> {
             .filter(|&j| j != i)
             .map(|j| PeerSpec {
                 id: j as u32,
-                addr: addrs[j],
+                addr: addrs[j].into(),
                 weight: 1.0,
             })
             .collect();

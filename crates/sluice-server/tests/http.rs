@@ -654,14 +654,18 @@ fn clustered() -> ClusterStatus {
     s.members = vec![
         MemberStatus {
             id: 1,
-            addr: "127.0.0.1:7001".into(),
+            addr: Some("127.0.0.1:7001".into()),
+            host: None,
+            resolve_error: None,
             weight: 0.5,
             link: "up".into(),
             heir: true,
         },
         MemberStatus {
             id: 3,
-            addr: "127.0.0.1:7003".into(),
+            addr: Some("127.0.0.1:7003".into()),
+            host: None,
+            resolve_error: None,
             weight: 0.5,
             link: "down".into(),
             heir: false,
@@ -680,6 +684,8 @@ fn clustered() -> ClusterStatus {
     s.peer.messages_sent = 7;
     s.peer.bytes_sent = 700;
     s.peer.rejected_unauthenticated = 1;
+    s.peers_unresolved = 1;
+    s.peer.unaddressed = 3;
     s.audit_rounds = 4;
     s.audit_minted_share = 0.125;
     s
@@ -717,6 +723,8 @@ async fn health_readiness_and_cluster_status() {
             m.get("sluice_cluster_lifecycle", &[("state", "active")]),
             Some(1.0)
         );
+        assert_eq!(m.get("sluice_cluster_peers_unresolved", &[]), Some(1.0));
+        assert_eq!(m.get("sluice_peer_unaddressed_total", &[]), Some(3.0));
         assert_eq!(
             m.get("sluice_cluster_link", &[("peer", "3"), ("state", "down")]),
             Some(1.0)

@@ -263,7 +263,7 @@ impl<'a> Net<'a> {
                 .filter(|&j| j != i)
                 .map(|j| PeerSpec {
                     id: j as u32,
-                    addr: SocketAddr::new(ips[j], PORT),
+                    addr: SocketAddr::new(ips[j], PORT).into(),
                     weight: 1.0,
                 })
                 .collect();

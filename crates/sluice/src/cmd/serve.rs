@@ -38,7 +38,9 @@ pub(crate) struct Args {
     /// This node's id in the cluster (an integer; with --peers).
     #[arg(long, value_name = "ID", requires = "peers")]
     node_id: Option<u32>,
-    /// The other members: ID=HOST:PORT[@WEIGHT],… (their peer addresses). Starts a cluster.
+    /// The members: ID=HOST:PORT[@WEIGHT],… (their peer addresses; this node's own entry, if
+    /// listed, is skipped, so every node can take the same list). Starts a cluster. A HOST
+    /// given by name need not resolve yet: it is looked up every few seconds and followed.
     #[arg(long, value_name = "LIST", requires = "node_id")]
     peers: Option<String>,
     /// File holding the cluster's shared key (at least 16 bytes; e.g. `openssl rand -hex 32`).
@@ -176,8 +178,13 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     let (Some(id), Some(peers)) = (args.node_id, &args.peers) else {
         return Ok(None);
     };
-    let peers = parse_peers(peers)?;
-    anyhow::ensure!(!peers.is_empty(), "--peers: no peer given");
+    let mut peers = parse_peers(peers)?;
+    // One list for every member (e.g. a StatefulSet's pods share their arguments).
+    peers.retain(|p| p.id != id);
+    anyhow::ensure!(
+        !peers.is_empty(),
+        "--peers: no peer other than this node given"
+    );
     let mut spec = ClusterSpec::new(id, peers, peer_key(args.peer_key_file.as_deref())?);
     spec.gamma = match args.gamma.as_str() {
         "auto" => Gamma::Auto,
