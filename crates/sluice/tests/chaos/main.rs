@@ -208,6 +208,64 @@ fn a_rolling_restart_by_sigterm_keeps_the_limit() {
     assert_whole(name, shares, "every node answers");
 }
 
+/// Max-min, the default fairness of cluster rules: node 0 takes a flood of its clients (2 L)
+/// and a lease client there claims `wants: 1e308`; nodes 1 and 2 ask 0.2 L each. After the
+/// law converged (3 s), each of them admits at least 95 % of its demand in every 1 s window:
+/// another node's demand, real or claimed, never pushes it below its max-min fair share.
+/// (Under seed 000 Case I, `fairness: throttled`, they got under 2 % of the limit.)
+#[test]
+fn a_flood_at_one_node_does_not_starve_the_others() {
+    let _one = serial();
+    let name = "flood-one-node";
+    let c = Cluster::new(name, 3, Start::StateFile);
+    let l = LIMIT as f64;
+    let lease = r#"{"domain":"api","descriptor":{"entries":[{"key":"tenant","value":"acme"}]},"client_id":"greedy","wants":1e308}"#;
+    let claim = || {
+        let r = harness::http(c.addr(0), "POST", "/v1/lease", lease);
+        assert!(r.as_ref().is_some_and(|(s, _)| *s == 200), "lease: {r:?}");
+    };
+    claim();
+    let rates = [
+        (0, c.addr(0), 2.0 * l),
+        (1, c.addr(1), 0.2 * l),
+        (2, c.addr(2), 0.2 * l),
+    ];
+    let load = Load::start(&rates, 4, "acme");
+    for _ in 0..4 {
+        std::thread::sleep(2 * SEC);
+        claim();
+    }
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let least = |node: usize| {
+        (3..7)
+            .map(|s| {
+                let (from, to) = (s * SEC, (s + 1) * SEC);
+                r.answers
+                    .iter()
+                    .filter(|a| a.node == node && a.ok && a.sent >= from && a.at < to)
+                    .count()
+            })
+            .min()
+            .unwrap_or(0)
+    };
+    let (l1, l2) = (least(1), least(2));
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            ("least_1s_admitted_node_1", l1.to_string()),
+            ("least_1s_admitted_node_2", l2.to_string()),
+        ],
+    );
+    let floor = (0.95 * 0.2 * l) as usize;
+    assert!(
+        l1 >= floor && l2 >= floor,
+        "{name}: nodes 1 and 2 admitted as little as {l1} and {l2} per second of the {} they ask",
+        0.2 * l
+    );
+}
+
 /// A node frozen with SIGSTOP for twice its lease while its clients' requests queue up, then
 /// SIGCONT. Its heir takes its share over after `lease·(1+ρ)²`; the frozen node, woken,
 /// must decide its queued requests on the lease it no longer holds: the fallback (none).
