@@ -59,6 +59,9 @@ mod upstream;
 // The key a descriptor's counter is stored under, and its borrowed view for lookups.
 #[path = "counter_key.rs"]
 mod counter_key;
+// The keys held: forgetting idle ones, the cap and its evictions.
+#[path = "engine_keys.rs"]
+mod keys;
 
 use std::hash::Hash;
 use std::sync::atomic::AtomicBool;
@@ -485,51 +488,6 @@ impl Engine {
         self.decide(now, request, Mode::Peek)
     }
 
-    /// Forgets every key whose state is, at `now`, that of a key never seen (so no future
-    /// decision changes), and every key no rule governs any more; returns how many.
-    pub fn retain_idle(&self, now: Nanos) -> usize {
-        let config = self.config();
-        // A key no rule governs is judged under a 1-per-nanosecond limit: idle as soon as
-        // its last activity is past.
-        let Ok(fallback) = Limit::from_nanos(1, 1) else {
-            return 0;
-        };
-        self.stores
-            .iter()
-            .map(|store| store.retain_idle(now, |key| limit_of(&config, key).unwrap_or(fallback)))
-            .sum()
-    }
-
-    /// Keys evicted to stay under the cap ([`Engine::with_max_keys`]), over every table.
-    #[must_use]
-    pub fn evictions(&self) -> sluice_limits::Evictions {
-        self.stores.iter().map(KeyedStore::evictions).fold(
-            sluice_limits::Evictions::default(),
-            |a, e| sluice_limits::Evictions {
-                idle: a.idle + e.idle,
-                forced: a.forced + e.forced,
-            },
-        )
-    }
-
-    /// The cap on keys per algorithm, if any.
-    #[must_use]
-    pub fn max_keys(&self) -> Option<usize> {
-        self.stores.first().and_then(KeyedStore::max_keys)
-    }
-
-    /// Number of keys with state.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.stores.iter().map(KeyedStore::len).sum()
-    }
-
-    /// Whether no key has state.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Decides `request` at `now` as [`Engine::should_rate_limit`] does, except that
     /// `coordination: redis` rules are decided by the attached Redis ([`Engine::attach_redis`])
     /// and `coordination: token-server` rules through the attached token client
@@ -880,7 +838,7 @@ impl Engine {
         // `retain_idle`.
         let config_now = std::cell::OnceCell::new();
         let judge = |k: &CounterKey| {
-            limit_of(config_now.get_or_init(|| self.config()), k)
+            keys::limit_of(config_now.get_or_init(|| self.config()), k)
                 .or_else(|| Limit::from_nanos(1, 1).ok())
         };
         let decision = match mode {
@@ -1041,19 +999,4 @@ fn to_status(
             decision.retry_after
         },
     }
-}
-
-/// The limit a stored key is decided under now: its override, or its rule's (`None`: no rule
-/// governs it any more, or the rule is unlimited).
-fn limit_of(config: &Config, key: &CounterKey) -> Option<Limit> {
-    if let Some(rate) = key.limit {
-        return override_rule(rate).limit;
-    }
-    config
-        .domain(&key.domain)
-        .and_then(|d| d.rule_for(key.entries.iter().map(|(k, v)| (&**k, &**v))))
-        .and_then(|r| match &r.policy {
-            Policy::Limited(l) => l.limit,
-            Policy::Unlimited => None,
-        })
 }
