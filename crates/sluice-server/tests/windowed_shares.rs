@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use sluice_server::config::Fairness;
 use sluice_server::shares::{SCALE, Shares, cluster_key};
 use sluice_server::{Code, Config, Descriptor, Engine, Request};
 
@@ -32,7 +33,8 @@ fn engine(algorithm: &str, shares: &Arc<Shares>) -> Engine {
 /// Runs 4 s: every 50 ms the driver gives node 0 a random fraction of the units (node 1 the
 /// rest); every ms each node gets 0–3 requests. Returns the admission times.
 fn run(algorithm: &str, fractions: &[u8], loads: &[(u8, u8)]) -> Vec<u64> {
-    let key = cluster_key("d", [("k", "v")]);
+    // The engine's key: the rule's fairness (the default) names its measure class.
+    let key = Fairness::default().key(cluster_key("d", [("k", "v")]));
     let shares = [
         Arc::new(Shares::new(SCALE / 2)),
         Arc::new(Shares::new(SCALE / 2)),
