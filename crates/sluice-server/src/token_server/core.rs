@@ -317,7 +317,7 @@ mod tests {
                 !(frozen(a) || frozen(b) || within(faults.cut, t) && a + b == 1)
             };
             // Rounds: every server's clock ticks its own 100 ms.
-            if t % lease.renew_every == 0 {
+            if t.is_multiple_of(lease.renew_every) {
                 for i in 0..3 {
                     if frozen(i) {
                         continue;

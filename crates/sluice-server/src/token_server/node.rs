@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use sluice_limits::{AlgorithmKind, Limit, Nanos};
 
-use super::core::{Now, ServerStatus, TokenServer};
+use super::core::{Now, ServerStatus, ServingState, TokenServer};
 use super::grants::GrantConfig;
 use super::serving::ServingLease;
 use super::transport::{Pool, wall_now};
@@ -229,6 +229,7 @@ impl TokenServerNode {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune = self.now().mono;
+        let mut was = ServingState::Standby;
         loop {
             tokio::select! {
                 () = &mut done => return,
@@ -265,6 +266,14 @@ impl TokenServerNode {
                     }
                 }
             }
+            let state = self.core.lock().status(self.now(), 0).state;
+            if was != ServingState::Standby && state == ServingState::Standby {
+                tracing::warn!(
+                    id = self.spec.id,
+                    "token server lost the serving lease (no majority renewed it): standing by"
+                );
+            }
+            was = state;
             if now.mono.saturating_sub(last_prune) >= 10_000_000_000 {
                 last_prune = now.mono;
                 self.core.lock().retain_idle(now);
