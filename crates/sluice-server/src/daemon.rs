@@ -210,7 +210,10 @@ impl Daemon {
                 match &t.server {
                     Some((ss, addr)) => {
                         let listener = bind_tcp(*addr).await?;
-                        let node = crate::token_server::TokenServerNode::new(ss.clone())?;
+                        // The limits come from this node's configuration, never a request.
+                        let limits = Arc::new(Arc::downgrade(&engine));
+                        let node = crate::token_server::TokenServerNode::new(ss.clone(), limits)?;
+                        engine.attach_token_server_node(node.clone());
                         (Some(listener), Some(node))
                     }
                     None => (None, None),

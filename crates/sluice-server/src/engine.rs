@@ -80,7 +80,7 @@ use central::{Central, CentralStatus};
 use counter_key::{CounterKey, CounterView};
 use upstream::{near_limit_hits, over_already, shared_counter};
 
-use crate::token_server::{TokenClient, TokenStatus};
+use crate::token_server::{ServerStatus, TokenClient, TokenServerNode, TokenStatus};
 
 /// One `key: value` pair of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -313,6 +313,7 @@ pub struct Engine {
     shares: OnceLock<Arc<Shares>>,
     central: OnceLock<Arc<Central>>,
     token: OnceLock<Arc<TokenClient>>,
+    token_node: OnceLock<Arc<TokenServerNode>>,
     /// Refused hits are counted too (envoyproxy/ratelimit's way; the default).
     count_refused: AtomicBool,
 }
@@ -379,6 +380,7 @@ impl Engine {
             shares: OnceLock::new(),
             central: OnceLock::new(),
             token: OnceLock::new(),
+            token_node: OnceLock::new(),
             count_refused: AtomicBool::new(true),
         }
     }
@@ -447,6 +449,19 @@ impl Engine {
     #[must_use]
     pub fn token_status(&self) -> Option<TokenStatus> {
         self.token.get().map(|t| t.status())
+    }
+
+    /// Shows `node`, this node's own token server, in `/metrics` and `/v1/cluster`; `false`
+    /// if one was already attached.
+    pub fn attach_token_server_node(&self, node: Arc<TokenServerNode>) -> bool {
+        self.token_node.set(node).is_ok()
+    }
+
+    /// This node's token server's state (serving or standing by, lease, what it granted and
+    /// refused), if it is one.
+    #[must_use]
+    pub fn token_server_node_status(&self) -> Option<ServerStatus> {
+        self.token_node.get().map(|n| n.status())
     }
 
     /// The attached cluster's shares, if any.

@@ -483,7 +483,7 @@ async fn readyz(State(s): State<HttpState>) -> HttpResponse {
 
 /// `GET /v1/cluster`: the cluster's state, and where this node's central rules are decided
 /// now (`redis`, `token_server`: central or the local fallback, since when, how many
-/// switches) when it has them.
+/// switches) when it has them, and its own token server's state (`token_server_node`).
 #[derive(Serialize)]
 struct ClusterView {
     #[serde(flatten)]
@@ -492,6 +492,8 @@ struct ClusterView {
     redis: Option<crate::central::CentralStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token_server: Option<crate::token_server::TokenStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_server_node: Option<crate::token_server::ServerStatus>,
 }
 
 async fn cluster(State(s): State<HttpState>) -> HttpResponse {
@@ -499,6 +501,7 @@ async fn cluster(State(s): State<HttpState>) -> HttpResponse {
         cluster: s.cluster_status(),
         redis: s.engine.central_status(),
         token_server: s.engine.token_status(),
+        token_server_node: s.engine.token_server_node_status(),
     };
     match serde_json::to_vec(&view) {
         Ok(body) => ([(header::CONTENT_TYPE, JSON)], body).into_response(),

@@ -437,6 +437,7 @@ impl Collector for Scraped {
             )?;
         }
         encode_token(&mut encoder, &self.engine)?;
+        encode_token_server(&mut encoder, &self.engine)?;
         let status = self
             .cluster
             .as_ref()
@@ -757,6 +758,58 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         ("unauthenticated", p.rejected_unauthenticated),
         ("malformed", p.rejected_malformed),
         ("version", p.rejected_version),
+    ] {
+        ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
+    }
+    Ok(())
+}
+
+/// This node's own token server: whether it serves, its lease, what it granted and refused.
+fn encode_token_server(encoder: &mut DescriptorEncoder<'_>, engine: &Engine) -> fmt::Result {
+    use crate::token_server::ServingState;
+    let Some(s) = engine.token_server_node_status() else {
+        return Ok(());
+    };
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    gauge(
+        encoder,
+        "sluice_token_server_active",
+        "1 while this token server holds the serving lease of a majority and grants, 0 while \
+         it stands by (or waits out a predecessor's grants)",
+        i64::from(s.state == ServingState::Active),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_server_lease_remaining_ms",
+        "How long this token server's serving lease still runs (0: not held)",
+        n(s.lease_left.unwrap_or(0) / 1_000_000),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_server_acquisitions",
+        "Times this token server acquired the serving lease",
+        n(s.acquisitions),
+    )?;
+    gauge(
+        encoder,
+        "sluice_token_server_granted",
+        "Permits this token server granted",
+        n(s.granted),
+    )?;
+    let counter = Counter::<u64>::default();
+    let mut m = encoder.encode_descriptor(
+        "sluice_token_server_refused",
+        "Requests this token server refused: not_serving (no lease, or waiting out a \
+         predecessor), replay (a sequence number seen or out of the window), wrong_limit (a \
+         limit other than its configuration's), unauthenticated (bad seal or message)",
+        None,
+        counter.metric_type(),
+    )?;
+    for (reason, v) in [
+        ("not_serving", s.refused.not_serving),
+        ("replay", s.refused.replays),
+        ("wrong_limit", s.refused.wrong_limit),
+        ("unauthenticated", s.rejected),
     ] {
         ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
     }

@@ -775,7 +775,7 @@ mod tests {
         let nodes = [start(&a), start(&b)];
         let node = server.token_server.clone().unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while node.status().serving_from.is_none_or(|f| f > unix_nanos()) {
+        while node.status().state != sluice_server::token_server::ServingState::Active {
             assert!(std::time::Instant::now() < deadline, "{:?}", node.status());
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -790,8 +790,8 @@ mod tests {
         // in (a request waiting for a grant is admitted in the server's window).
         let mut admitted: std::collections::BTreeMap<u64, u64> = Default::default();
         let mut shown = false;
-        // The window in progress when the server started counts as given out: start in a
-        // later one. A run that does not fit in one window is tried again in the next.
+        // Each run starts with a window; one that does not fit in it is tried again in the
+        // next.
         for _ in 0..3 {
             let t = unix_nanos();
             std::thread::sleep(Duration::from_nanos(SECOND - t % SECOND + 5_000_000));
