@@ -61,8 +61,8 @@ pub(super) fn limit_of(config: &Config, key: &CounterKey) -> Option<Limit> {
         return override_rule(rate).limit;
     }
     config
-        .domain(&key.domain)
-        .and_then(|d| d.rule_for(key.entries.iter().map(|(k, v)| (&**k, &**v))))
+        .domain(key.domain())
+        .and_then(|d| d.rule_for(key.entries()))
         .and_then(|r| match &r.policy {
             Policy::Limited(l) => l.limit,
             Policy::Unlimited => None,
