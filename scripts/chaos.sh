@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The chaos suite of the real stack: `sluice serve` processes on 127.0.0.1, a client that
 # counts what they admit in sliding 1 s windows, and kill -9 / restart (with and without a
-# state file), crashes after restarts, SIGSTOP/SIGCONT around the lease, key floods.
+# state file), crashes after restarts, SIGSTOP/SIGCONT around the lease, rolling restarts by
+# SIGTERM, key floods, a flood at one node; then the token server's failures.
 # Each scenario prints one line: `chaos NAME: field=value ...` (overshoot as the largest 1 s
 # window against L + burst = 1,100, recovery times, RSS, UDP drops, incarnations).
 #
@@ -36,7 +37,10 @@ fi
 log="$(mktemp)"
 # Each scenario's line as it ends; the whole output stays in the log.
 set +e
-cargo test --release --locked -p sluice --test chaos -- --nocapture --test-threads 1 $ignored 2>&1 \
+# The cluster's scenarios, then the token server's (a frozen primary, a cut between servers,
+# replays: crates/sluice/tests/token_chaos.rs).
+cargo test --release --locked -p sluice --test chaos --test token_chaos -- --nocapture \
+  --test-threads 1 $ignored 2>&1 \
   | tee "$log" \
   | grep --line-buffered -E '^chaos |^test |panicked|^  left|^  right|test result'
 status=${PIPESTATUS[0]}
