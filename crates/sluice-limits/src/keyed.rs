@@ -404,17 +404,23 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         }
     }
 
-    /// Stores a new key in `table` (its shard), making room first if the shard is full.
+    /// Stores a new key used at `now` in `table` (its shard), making room first if the
+    /// shard is full.
     fn insert(
         &self,
         table: &mut HashTable<Slot<K, A::State>>,
         hash: u64,
-        slot: Slot<K, A::State>,
+        (key, state, now): (K, A::State, Nanos),
         idle_limit: &dyn Fn(&K) -> Option<Limit>,
     ) {
         if table.len() >= self.max_per_shard {
-            self.make_room(table, slot.used, idle_limit);
+            self.make_room(table, now, idle_limit);
         }
+        let slot = Slot {
+            key,
+            state,
+            used: now,
+        };
         let hasher = &self.hasher;
         table.insert_unique(hash, slot, |s| hasher.hash_one(&s.key));
     }
@@ -498,12 +504,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
         let mut state = self.algorithm.new_state(limit, now);
         let decision = self.algorithm.check(&mut state, limit, now, cost);
         if decision.allowed {
-            let slot = Slot {
-                key: view.to_key(),
-                state,
-                used: now,
-            };
-            self.insert(&mut table, hash, slot, idle_limit);
+            self.insert(&mut table, hash, (view.to_key(), state, now), idle_limit);
         }
         decision
     }
@@ -556,12 +557,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, S: BuildHasher> KeyedStore<K, A, S> {
             charge(&mut state);
         }
         if decision.allowed || cost > 0 {
-            let slot = Slot {
-                key: view.to_key(),
-                state,
-                used: now,
-            };
-            self.insert(&mut table, hash, slot, idle_limit);
+            self.insert(&mut table, hash, (view.to_key(), state, now), idle_limit);
         }
         decision
     }
