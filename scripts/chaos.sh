@@ -39,7 +39,7 @@ log="$(mktemp)"
 set +e
 # The cluster's scenarios, then the token server's (a frozen primary, a cut between servers,
 # replays: crates/sluice/tests/token_chaos.rs).
-cargo test --release --locked -p sluice --test chaos --test token_chaos -- --nocapture \
+cargo test --release --locked --no-fail-fast -p sluice --test chaos --test token_chaos -- --nocapture \
   --test-threads 1 $ignored 2>&1 \
   | tee "$log" \
   | grep --line-buffered -E '^chaos |^test |panicked|^  left|^  right|test result'
