@@ -94,7 +94,7 @@ pub fn links_of(id: NodeId, edges: &[(NodeId, NodeId, f64)]) -> Vec<(NodeId, f64
             _ => None,
         })
         .collect();
-    // The heir defaults to the first link: the next node on a ring.
+    // The next node on a ring first.
     l.sort_by_key(|&(p, _)| (p.wrapping_sub(id).wrapping_sub(1), p));
     l
 }
@@ -391,13 +391,11 @@ impl Cluster {
                 if let Some(s) = self.slots.get_mut(&id)
                     && s.node.is_none()
                 {
-                    // A restart that persisted its incarnation knows the one it follows; one
-                    // from the clock jumps far ahead and knows nothing.
-                    let previous = s.incarnation;
+                    // A restart that persisted its incarnation takes the next one; one from
+                    // the clock jumps far ahead.
                     s.incarnation += if from_clock { 1_000_000 } else { 1 };
                     let mut cfg = s.cfg.clone();
                     cfg.incarnation = s.incarnation;
-                    cfg.previous_incarnation = (!from_clock).then_some(previous);
                     s.node = Node::new(cfg, local).ok();
                     if let Some(n) = s.node.as_mut() {
                         for (&k, &r) in &s.demand {

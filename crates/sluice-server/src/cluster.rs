@@ -10,19 +10,18 @@
 //! One `Node` divides every `coordination: cluster` key: its global limit `L` is
 //! [`crate::shares::SCALE`] capacity units, whatever the rule's rate.
 //!
-//! On shutdown the node leaves gracefully (hands its capacity to its heir) before
-//! returning, so the survivors keep the whole limit.
+//! On shutdown the node leaves gracefully (hands its shares to its peers) before returning,
+//! so the survivors keep the whole limit.
 //!
 //! Two duties of the driver itself (not of the protocol):
 //!
 //! * **The lease ends on time.** The node's enforced limit drops to its fallback the instant
-//!   its lease ends (seed 003 §IV: the holder must stop before the heir starts). A node only
-//!   recomputes its limits when it is driven, so the driver arms a timer at the end of the
-//!   lease instead of waiting for the next cycle, and applies the limits it would enforce
-//!   [`EXPIRY_GUARD`] later, so a timer that fires late (timer granularity, a busy runtime)
-//!   still stops in time. Without it, a node cut off from its heir would keep enforcing its
-//!   share until its next tick — up to a cycle past the end of its lease, when its heir may
-//!   already have inherited it (the heir waits only `lease·(1+ρ)²`, seed 003 §IV).
+//!   its lease ends (the holder must stop before a quorum fences it and an audit mints its
+//!   share again). A node only recomputes its limits when it is driven, so the driver arms a
+//!   timer at the end of the lease instead of waiting for the next cycle, and applies the
+//!   limits it would enforce [`EXPIRY_GUARD`] later, so a timer that fires late (timer
+//!   granularity, a busy runtime) still stops in time; every decision also checks the lease
+//!   against the clock.
 //! * **`gamma: auto` follows membership.** γ* = 2/(λ₂+λₙ) (seed 000 Thm 2) depends on the
 //!   graph; when a peer stops being heard for a lease (crash, partition, graceful leave) or
 //!   is heard again, the driver recomputes γ* on the graph induced on the members it hears,
@@ -59,7 +58,9 @@ use gamma::{AutoGamma, apply_gamma, auto_edges, auto_gain, gain};
 use crate::engine::Engine;
 use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
 use crate::shares::{KeyRole, SCALE, Shares, key_role, scaled};
-use crate::status::{ClusterInfo, ClusterStatus, KeyShareStatus, MemberStatus, PeerCounters};
+use crate::status::{
+    ClusterInfo, ClusterStatus, DeadFloor, KeyShareStatus, MemberStatus, PeerCounters,
+};
 
 /// A peer of this node.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,22 +104,16 @@ pub struct ClusterSpec {
     pub lease: Duration,
     /// What to enforce when the lease has expired.
     pub fallback: Fallback,
-    /// This node's incarnation: 1 on a first start, larger on every restart.
+    /// This node's incarnation: 1 on a first start (with a state file), larger on every
+    /// restart. Any other than 1 starts in quarantine (docs/PROTOCOL.md, "Restarts").
     pub incarnation: u64,
-    /// The incarnation the previous start ended as, when known exactly (from the state
-    /// file): `sluice_coord::node::Config::previous_incarnation`.
-    pub previous_incarnation: Option<u64>,
     /// A key with no demand for this long gives its capacity back and its state is dropped
     /// (`sluice_coord` "Idle keys"); it comes back from the static split.
     pub idle_after: Duration,
-    /// A record of a link with a dead peer incarnation that no settlement asked about for
-    /// this long is dropped (`sluice_coord::node::Config::forget_after`): without it every
-    /// restart of a neighbour would leave one record with every key here for good.
-    pub forget_after: Duration,
     /// Where the incarnation is kept across restarts (`sluice serve --state-file`). It is
-    /// rewritten whenever this node comes back as a new incarnation while running (declared
-    /// dead by its heir), so that the next start comes back above every incarnation it has
-    /// used: a restart that reused one would be taken for a node its peers already settled.
+    /// rewritten whenever this node starts again as a new incarnation while running (fenced,
+    /// or long without a lease), so that the next start comes back above every incarnation
+    /// it has used: a restart that reused one would be taken for a fenced one.
     pub state_file: Option<std::path::PathBuf>,
     /// Looks up the peers given by name.
     pub resolver: Arc<dyn Resolver>,
@@ -140,11 +135,7 @@ impl ClusterSpec {
             lease: Duration::from_secs(1),
             fallback: Fallback::None,
             incarnation: 1,
-            previous_incarnation: None,
             idle_after: Duration::from_secs(30),
-            // Settlements finish within a few leases; ten minutes leaves room for a heir
-            // cut off from us that long, and bounds what rolling restarts leave behind.
-            forget_after: Duration::from_secs(600),
             state_file: None,
             resolver: Arc::new(SystemResolver),
             resolve_every: RESOLVE_EVERY,
@@ -288,15 +279,6 @@ impl<T: Transport> Cluster<T> {
         let links: Vec<(NodeId, f64)> = spec.peers.iter().map(|p| (p.id, p.weight)).collect();
         let mut cfg = NodeConfig::new(spec.node_id, members.clone(), links, SCALE);
         cfg.incarnation = spec.incarnation.max(1);
-        cfg.previous_incarnation = spec
-            .previous_incarnation
-            .filter(|&p| p >= 1 && p < cfg.incarnation);
-        // Best friend: the next member after us, so heirs spread around the cluster.
-        cfg.heir = members
-            .iter()
-            .copied()
-            .find(|&m| m > spec.node_id && peers.contains_key(&m))
-            .or_else(|| members.iter().copied().find(|m| peers.contains_key(m)));
         // A key's measure is its rule's `fairness`, read from the key's class
         // (`Fairness::key`): Case I for class 0, max-min and Case II for the others.
         cfg.measure = Measure::Throttled;
@@ -309,9 +291,8 @@ impl<T: Transport> Cluster<T> {
         // Keys with no demand for this long give their capacity back and are forgotten
         // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
         cfg.idle_after = Some(nanos(spec.idle_after));
-        cfg.forget_after = Some(nanos(spec.forget_after));
-        // A capacity audit every ten leases mints what no settlement will bring back
-        // (docs/PROTOCOL.md "The capacity audit"); a round costs a few bytes per link.
+        // A capacity audit every ten leases, and at once after a fence (docs/PROTOCOL.md "The
+        // capacity audit"); a round costs a few bytes per link.
         cfg.audit_every = Some(nanos(spec.lease) * 10);
         // One message must fit one datagram with its frame.
         cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
@@ -397,7 +378,8 @@ impl<T: Transport> Cluster<T> {
     }
 
     /// Drives the node until `shutdown` completes, then leaves gracefully: hands every
-    /// share to the heir and waits (at most two leases) until it has taken them.
+    /// share above its reservation to a peer and waits (at most two leases) until they
+    /// are acknowledged.
     ///
     /// # Errors
     /// Never in practice: socket errors on send or receive are counted and survived.
@@ -737,7 +719,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// When the lease that is running at `now` ends (the first instant it reads expired),
-/// `None` if none is running (already expired, or no heir: nothing to expire).
+/// `None` if none is running (already expired, or no lease applies: nothing to expire).
 fn lease_end(node: &Node, now: u64) -> Option<u64> {
     node.lease_until().filter(|&end| end > now)
 }
@@ -766,7 +748,6 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
         let now = self.now().saturating_add(self.guard);
         let node = &d.node;
         let cfg = node.config();
-        let heir = node.heir();
         let members = self
             .peers
             .values()
@@ -784,7 +765,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                         Some(LinkState::Down) | None => "down",
                     }
                     .into(),
-                    heir: heir == Some(p.id),
+                    incarnation: node.peer_incarnation(p.id),
                 }
             })
             .collect();
@@ -817,7 +798,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             }
             .into(),
             fallback: fallback_name(cfg.fallback),
-            heir,
+            quarantine_ms: node.quarantine_until().saturating_sub(now) as f64 / 1e6,
             gamma: cfg.gamma,
             gamma_auto: d.gamma_auto,
             live_members: d.live.iter().copied().collect(),
@@ -826,7 +807,16 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             peers_unresolved: self.addrs.unresolved(),
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
             keys,
-            dead_link_records: node.dead_link_records(),
+            dead: node
+                .dead_floors()
+                .iter()
+                .map(|(&node, &incarnation)| DeadFloor { node, incarnation })
+                .collect(),
+            pending_votes: node
+                .pending_votes()
+                .iter()
+                .flat_map(|(&n, v)| v.iter().map(move |(&voter, &inc)| (voter, n, inc)))
+                .collect(),
             audit_rounds: node.audit_stats().0,
             audit_minted_share: node.audit_stats().1 as f64 / SCALE as f64,
             peer: PeerCounters {
@@ -920,17 +910,35 @@ mod tests {
         assert!((g - 0.5).abs() < 1e-9, "{g}");
     }
 
-    /// The binary search finds the first instant the lease reads expired, exactly.
+    /// The lease ends exactly `lease` after the message a quorum echoed was sent.
     #[test]
     fn lease_end_is_exact() {
-        let mut cfg = NodeConfig::new(0, vec![0, 1], vec![(1, 1.0)], SCALE);
-        cfg.lease = 1_000_000_000;
-        let node = Node::new(cfg, 5).unwrap();
-        // The first incarnation holds a lease from its start.
-        let end = lease_end(&node, 5).unwrap();
-        assert_eq!(node.lease_state(end), LeaseState::Expired);
-        assert_ne!(node.lease_state(end - 1), LeaseState::Expired);
+        let cfg = |id, peer| {
+            let mut c = NodeConfig::new(id, vec![0, 1], vec![(peer, 1.0)], SCALE);
+            c.lease = 1_000_000_000;
+            c
+        };
+        // Node 1 needs node 0's echo (node 0, the lower id, is a quorum of two alone).
+        let mut a = Node::new(cfg(0, 1), 0).unwrap();
+        let mut b = Node::new(cfg(1, 0), 0).unwrap();
+        assert_eq!(lease_end(&b, 5), None, "no lease before an echo");
+        let mut draw = || 0.5;
+        b.tick(5, &mut draw);
+        for m in b.ready(5).messages {
+            a.handle_message(6, 1, m.message, &mut draw);
+        }
+        a.tick(7, &mut draw);
+        for m in a.ready(7).messages {
+            b.handle_message(8, 0, m.message, &mut draw);
+        }
+        let end = lease_end(&b, 8).unwrap();
+        assert_eq!(node_lease_state(&b, end), LeaseState::Expired);
+        assert_ne!(node_lease_state(&b, end - 1), LeaseState::Expired);
         assert_eq!(end, 5 + 1_000_000_000);
-        assert_eq!(lease_end(&node, end), None);
+        assert_eq!(lease_end(&b, end), None);
+    }
+
+    fn node_lease_state(n: &Node, at: u64) -> LeaseState {
+        n.lease_state(at)
     }
 }

@@ -355,7 +355,7 @@ impl Daemon {
             .map_or_else(ClusterStatus::single, |c| c.status())
     }
 
-    /// Stops serving: in-flight calls finish, the node hands its capacity to its heir.
+    /// Stops serving: in-flight calls finish, the node hands its shares to its peers.
     pub async fn shutdown(self) {
         // `/readyz` turns 503 first, so load balancers stop sending before the node leaves.
         self.http_state.set_ready(false);

@@ -10,7 +10,7 @@
 //! | `GET\|POST /v1/peek/{domain}?…`, `POST /v1/peek` | as `/v1/check`, but nothing is counted: what a check would answer now |
 //! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
 //! | `GET /healthz`, `GET /healthcheck` | 200 while the server runs (`/healthcheck` is envoyproxy/ratelimit's path) |
-//! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease and not leaving), else 503 with the reason |
+//! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease, out of a restart's quarantine, not leaving), else 503 with the reason |
 //! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]) |
 //! | `POST /v1/lease` | a capacity lease for client-side throttling ([`crate::lease`]): `{"domain", "descriptor": {"entries": [{"key", "value"}]}, "client_id", "wants"}` → `{"rate", "expires_in_ms", "refresh_in_ms", "limit", "share", "policy", "clients"}` |
 //! | `DELETE /v1/lease` | gives a lease back (`{"domain", "descriptor", "client_id"}`): 204, or 404 if the client held none |
@@ -238,6 +238,15 @@ impl HttpState {
             }
             if matches!(status.lifecycle.as_str(), "leaving" | "left") {
                 return Err(format!("not ready: node is {}", status.lifecycle));
+            }
+            // A restarted node in quarantine echoes nobody's lease: with two of them at once
+            // a small cluster could lose its quorum, so a rolling restart that waits for
+            // readiness (Kubernetes does) restarts the next node only after this one.
+            if status.quarantine_ms > 0.0 {
+                return Err(format!(
+                    "not ready: restarted, in quarantine for {:.0} ms more",
+                    status.quarantine_ms
+                ));
             }
         }
         Ok(())

@@ -25,7 +25,7 @@
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
-//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_link_records`, `sluice_cluster_audit_minted_share` | gauge | |
+//! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
@@ -677,9 +677,21 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
     )?;
     gauge(
         encoder,
-        "sluice_cluster_dead_link_records",
-        "Records kept of links with dead peer incarnations, for their settlement",
-        s.dead_link_records as f64,
+        "sluice_cluster_dead_floors",
+        "Nodes with a dead or fenced incarnation (their capacity is minted again by an audit)",
+        s.dead.len() as f64,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_pending_votes",
+        "Votes to fence an incarnation that a quorum has not yet made a fence",
+        s.pending_votes.len() as f64,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_quarantine_seconds",
+        "Time left in this restarted node's quarantine (it echoes nobody until then)",
+        s.quarantine_ms / 1e3,
     )?;
     gauge(
         encoder,

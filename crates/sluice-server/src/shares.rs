@@ -93,7 +93,7 @@ struct LeaseGate {
     /// The driver's clock origin (its `now` is nanoseconds since it, plus one).
     origin: std::sync::OnceLock<tokio::time::Instant>,
     /// The first instant (driver clock) at which the lease reads expired; `u64::MAX` while
-    /// no lease applies (no cluster, no heir, or the `last-share` fallback).
+    /// no lease applies (no cluster, or the `last-share` fallback).
     until: AtomicU64,
     /// Units a node enforces per key once its lease has expired (its reservation).
     fallback: AtomicU64,
@@ -492,7 +492,7 @@ mod tests {
         // Renewed: the units again.
         s.set_lease_until(Some(10_000_000_000));
         assert_eq!(s.units(7), SCALE / 2);
-        // No lease applies (no heir, or the `last-share` fallback): never capped.
+        // No lease applies (the `last-share` fallback): never capped.
         s.set_lease_until(None);
         assert_eq!(s.units(7), SCALE / 2);
     }

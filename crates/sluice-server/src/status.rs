@@ -12,7 +12,8 @@ use serde::Serialize;
 pub struct ClusterStatus {
     /// This node's id.
     pub node_id: u32,
-    /// This node's incarnation (grows on restart and after being declared dead).
+    /// This node's incarnation (grows on every restart, and when it starts again after a
+    /// fence or two leases without a lease).
     pub incarnation: u64,
     /// `joining`, `active`, `leaving`, `left`, or `single` (no cluster).
     pub lifecycle: String,
@@ -21,8 +22,9 @@ pub struct ClusterStatus {
     pub lease: String,
     /// The fallback mode (`none`, `reserved:F`, `last-share`).
     pub fallback: String,
-    /// The heir (best friend, seed 003 §IV), if any.
-    pub heir: Option<u32>,
+    /// Until then (milliseconds from now) this restarted node echoes nobody and does not
+    /// count toward an audit's quorum (docs/PROTOCOL.md, "Restarts"); 0 once over.
+    pub quarantine_ms: f64,
     /// The gain γ in use.
     pub gamma: f64,
     /// With `gamma: auto`: γ* (seed 000 Thm 2, capped by seed 003 eq. 15) for the members
@@ -43,9 +45,11 @@ pub struct ClusterStatus {
     pub default_share: f64,
     /// Shares of the keys with state.
     pub keys: Vec<KeyShareStatus>,
-    /// Records kept of links with dead peer incarnations, for whoever settles them (one per
-    /// neighbour restart, dropped once no settlement asked for ten minutes).
-    pub dead_link_records: usize,
+    /// Dead floors: per node, the highest incarnation known dead or fenced (it never holds
+    /// a lease again; its capacity was minted again by an audit).
+    pub dead: Vec<DeadFloor>,
+    /// Votes to fence not yet made a fence by a quorum, `(voter, node, incarnation)`.
+    pub pending_votes: Vec<(u32, u32, u64)>,
     /// Capacity audits this node confirmed as their root (the lowest member runs them:
     /// docs/PROTOCOL.md, "The capacity audit").
     pub audit_rounds: u64,
@@ -67,7 +71,7 @@ impl ClusterStatus {
             lifecycle: "single".into(),
             lease: "none".into(),
             fallback: "none".into(),
-            heir: None,
+            quarantine_ms: 0.0,
             gamma: 0.0,
             gamma_auto: None,
             live_members: Vec::new(),
@@ -76,7 +80,8 @@ impl ClusterStatus {
             peers_unresolved: 0,
             default_share: 1.0,
             keys: Vec::new(),
-            dead_link_records: 0,
+            dead: Vec::new(),
+            pending_votes: Vec::new(),
             audit_rounds: 0,
             audit_minted_share: 0.0,
             peer: PeerCounters::default(),
@@ -101,8 +106,17 @@ pub struct MemberStatus {
     pub weight: f64,
     /// `up` (heard within two cycles), `suspect` (within a lease), `down`.
     pub link: String,
-    /// Whether it is this node's heir.
-    pub heir: bool,
+    /// The incarnation our link is with (0: none: never heard, or dead).
+    pub incarnation: u64,
+}
+
+/// Incarnations up to `incarnation` of `node` are dead or fenced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadFloor {
+    /// The node.
+    pub node: u32,
+    /// Its highest dead incarnation.
+    pub incarnation: u64,
 }
 
 /// This node's share of one cluster key.

@@ -350,7 +350,7 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
     stop(nodes).await;
 }
 
-/// A node that shuts down hands its capacity to its heir: the survivor ends up holding the
+/// A node that shuts down hands its shares to its peers: the survivor ends up holding the
 /// whole limit of a coordinated key (seed 003 §IV), without waiting for a lease to expire.
 /// (A key the static split served, never coordinated, is in the leaver's default share,
 /// which reaches the heir as a dead node's does.)

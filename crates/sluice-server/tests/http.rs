@@ -659,7 +659,7 @@ fn clustered() -> ClusterStatus {
             resolve_error: None,
             weight: 0.5,
             link: "up".into(),
-            heir: true,
+            incarnation: 1,
         },
         MemberStatus {
             id: 3,
@@ -668,7 +668,7 @@ fn clustered() -> ClusterStatus {
             resolve_error: None,
             weight: 0.5,
             link: "down".into(),
-            heir: false,
+            incarnation: 0,
         },
     ];
     s.default_share = 1.0 / 3.0;

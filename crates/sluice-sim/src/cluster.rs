@@ -26,7 +26,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 use sluice_coord::law::{Measure, jfi};
-use sluice_coord::node::Config;
+use sluice_coord::node::{Config, Leases};
 use sluice_coord::pacing::Strategy as PacingStrategy;
 use sluice_coord::stability::{ConfigError, max_gain};
 use sluice_coord::testing::{NetConfig, Rng, links_of};
@@ -206,7 +206,7 @@ impl FromStr for Gain {
     }
 }
 
-/// Message pacing of the nodes' non-heir links (seed 004): `none` (a message every cycle,
+/// Message pacing of the nodes' links of the law (seed 004): `none` (a message every cycle,
 /// never reactive), `proactive`, `simple:C`, `generalized:A:C` or `randomized:A:C`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pacing(pub Option<PacingStrategy>);
@@ -861,6 +861,13 @@ impl Run<'_> {
             &self.edges(),
             |id, links| {
                 let mut cfg = Config::new(id, (0..nn).collect(), links, units);
+                // Leases (and their n² heartbeats) only where something fails: a run
+                // without crashes or cuts simulates the law, as the papers do.
+                cfg.leases = if s.crashes.is_empty() && s.partitions.is_empty() {
+                    Leases::Off
+                } else {
+                    Leases::Quorum
+                };
                 cfg.gamma = gamma;
                 cfg.measure = measure;
                 cfg.cycle = CYCLE_NS;

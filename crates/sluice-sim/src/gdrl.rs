@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use sluice_coord::law::{Measure, jfi};
-use sluice_coord::node::{Config, Node};
+use sluice_coord::node::{Config, Leases, Node};
 use sluice_coord::stability::ConfigError;
 use sluice_coord::testing::{Rng, links_of};
 use sluice_coord::wire::{self, NodeId};
@@ -337,6 +337,9 @@ pub fn simulate(s: &Setup, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, 
         cfg.measure = Measure::Throttled;
         cfg.cycle = cycle_ns;
         cfg.lease = 10 * cycle_ns;
+        // The paper's law on its own graph: nothing fails here, so no leases (and none of
+        // their heartbeats to every member).
+        cfg.leases = Leases::Off;
         cfg.demand_tau = tau;
         let mut node = Node::new(cfg, 0)?;
         // The filter has been running before the limiters start to coordinate: it starts

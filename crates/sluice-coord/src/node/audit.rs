@@ -1,25 +1,18 @@
-//! The capacity audit (docs/PROTOCOL.md, "The capacity audit"): capacity that no settlement
-//! will ever bring back (the only record of an estate died with a second failure, or a
-//! settlement waits for an answer nobody can give) is counted as missing and minted again,
-//! once, by the root.
+//! The capacity audit (docs/PROTOCOL.md, "The capacity audit"): what dead incarnations held,
+//! and what a restarted cluster's members no longer hold, is counted as missing and minted
+//! again by the root.
 //!
 //! Why a sum of bases is the whole limit: per key `own_i = base_i + Σ_j seen − Σ_j given`,
 //! and on a link between two live incarnations the counters of both ends and what is in
-//! flight cancel (`given_{i→j} = seen_{j←i} + in flight`). So when every link is between live
-//! incarnations, what exists, in the nodes or in flight, is `Σ base_i + Σ pending fold nets`
-//! plus whatever is in dead incarnations' estates. The audit reads that sum at one instant
-//! (two waves: every node's reading stays unchanged from the first wave to the second, and
-//! the first wave ends before the second starts), fences the estates of every incarnation
-//! dead at that instant (a settlement of one finishes empty from then on) and mints
-//! `L − sum`: the fenced estates and anything lost for good.
+//! flight cancel (`given_{i→j} = seen_{j←i} + in flight`). So when every live link is
+//! between readers, what the readers hold or have in flight is `Σ base_i + Σ pending fold
+//! nets`. The audit reads that sum at one instant (two waves: every reading unchanged from
+//! the first wave to the second, and the first wave ends before the second starts), with
+//! what each member not read can hold without a lease (docs/PROTOCOL.md says why that is
+//! all it can hold), and mints `L − sum`.
 
 use super::*;
 use crate::wire::{Audit, AuditReport, Wave};
-
-/// A settlement younger than this many leases makes its node *busy*: the root waits for it
-/// rather than fence its estate (a crash is settled by its heir, as seed 003 §IV says; the
-/// audit is for what no heir will settle).
-const BUSY_LEASES: u64 = 3;
 
 /// A node's part in the audit.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +21,7 @@ pub(super) struct AuditState {
     wave: Option<Wave>,
     /// Our parent in it (`None`: we are the root, or in no wave).
     parent: Option<NodeId>,
-    /// Our neighbours' incarnations when we joined (0: not known yet).
+    /// Our live neighbours' incarnations when we joined.
     joined: Vec<(NodeId, u64)>,
     /// Per neighbour, what its latest message of our wave said (from the incarnation our link
     /// is with, addressed to ours).
@@ -38,12 +31,15 @@ pub(super) struct AuditState {
     /// What we read at a gather: compared at its confirm, and kept through the confirm only
     /// if it was ok and nothing moved.
     reading: Option<Reading>,
-    /// Incarnations below `v` of node `n` are dead and their estates fenced.
-    fence: BTreeMap<NodeId, u64>,
-    /// The root: when its current round started, the next round, the gather's report (kept
-    /// for the mint), and whether the round is over.
+    /// The confirm wave's dead floors (the root's, passed on).
+    fence: Vec<(NodeId, u64)>,
+    /// We are the root (worked out at every tick: see `Node::is_root`).
+    root: bool,
+    /// The root: when its current round started, the next round, our dead floors' version
+    /// then, the gather's report (kept for the mint), and whether the round is over.
     started: Nanos,
     next_round: u64,
+    dead_seen: u32,
     /// The last round ended with a mint (or found nothing missing).
     confirmed_last: bool,
     gathered: Option<AuditReport>,
@@ -51,11 +47,8 @@ pub(super) struct AuditState {
     /// Units minted by this node (every key's default), and rounds it confirmed as root.
     minted: u64,
     confirmed: u64,
-    /// Our index among the members, sorted (our bit in [`AuditReport::members`]), and
-    /// whether we are the root: worked out once, asked for on every message and tick
-    /// (scanning 1,000 members each time made a 1,000-node run 1.4 times slower).
+    /// Our index among the members, sorted (our bit in [`AuditReport::members`]).
     rank: Option<usize>,
-    root: bool,
 }
 
 /// A neighbour's latest word in our wave.
@@ -86,24 +79,15 @@ struct Reading {
 impl AuditState {
     /// The state of a node with configuration `cfg`.
     pub(super) fn new(cfg: &Config) -> Self {
-        let mut members = cfg.members.clone();
-        members.sort_unstable();
-        members.dedup();
-        let rank = members.binary_search(&cfg.id).ok();
+        let rank = cfg.sorted_members().binary_search(&cfg.id).ok();
         Self {
-            root: cfg.audit_every.is_some() && rank == Some(0),
             rank,
             ..Self::default()
         }
     }
 
-    /// `(node, incarnation)` is an estate the audit fenced.
-    pub(super) fn fenced(&self, node: NodeId, inc: u64) -> bool {
-        self.fence.get(&node).is_some_and(|&v| inc < v)
-    }
-
-    /// We reincarnated: what we read is not what we hold. This wave fails (we report so to
-    /// our parent); we take part again from the next one.
+    /// We reincarnated or leave: what we read is not what we hold. This wave fails (we
+    /// report so to our parent); we take part again from the next one.
     pub(super) fn leave_wave(&mut self) {
         self.heard = SmallMap::new();
         self.reading = None;
@@ -111,19 +95,11 @@ impl AuditState {
         self.over = true;
         self.report = self.wave.map(|_| AuditReport::default());
     }
-
-    fn install(&mut self, fence: &[(NodeId, u64)]) {
-        for &(n, v) in fence {
-            let e = self.fence.entry(n).or_insert(0);
-            *e = (*e).max(v);
-        }
-    }
 }
 
 /// Adds `b` into `a` (reports of two disjoint subtrees).
 fn merge(a: &mut AuditReport, b: &AuditReport) {
     a.ok &= b.ok;
-    a.busy |= b.busy;
     a.defaults = a.defaults.saturating_add(b.defaults);
     if a.defaults == u64::MAX {
         a.ok = false;
@@ -156,48 +132,67 @@ fn merge(a: &mut AuditReport, b: &AuditReport) {
         }
         *x |= y;
     }
-    a.excluded.extend_from_slice(&b.excluded);
-    a.excluded.sort_unstable();
-    a.excluded.dedup();
+    let mut dead: BTreeMap<NodeId, u64> = a.dead.iter().copied().collect();
+    for &(n, v) in &b.dead {
+        let e = dead.entry(n).or_insert(0);
+        *e = (*e).max(v);
+    }
+    a.dead = dead.into_iter().collect();
 }
 
 impl Node {
-    /// Audits run (see [`Config::audit_every`]) and we are the root: the lowest member.
-    fn audit_root(&self) -> bool {
-        self.audit.root
+    /// The root we follow: the lowest member heard within a lease (or us).
+    fn expected_root(&self, now: Nanos) -> NodeId {
+        let me = self.cfg.id;
+        self.members
+            .iter()
+            .copied()
+            .find(|&m| {
+                m == me
+                    || self
+                        .links
+                        .get(&m)
+                        .and_then(|l| l.last_recv)
+                        .is_some_and(|t| now.saturating_sub(t) <= self.cfg.lease)
+            })
+            .unwrap_or(me)
+    }
+
+    /// Whether we are the audit's root now: audits on, a member, active, leased, and the
+    /// root we follow. A root in quarantine is fine: the quorum it needs is counted among
+    /// the readers out of quarantine.
+    fn is_root(&self, now: Nanos) -> bool {
+        self.audit.rank.is_some()
+            && self.cfg.audit_every.is_some()
+            && self.lifecycle == Lifecycle::Active
+            && self.lease_state(now) != LeaseState::Expired
+            && self.expected_root(now) == self.cfg.id
     }
 
     /// What we hold, read for a gather: our default base, per key our base and pending fold
-    /// nets over it, our links, the neighbours whose incarnation we froze our link with.
+    /// nets over it, our live links, our dead floors.
     fn audit_reading(&self, wave: Wave, now: Nanos) -> Reading {
-        let mut ok = matches!(self.lifecycle, Lifecycle::Active | Lifecycle::Joining);
+        let mut ok = self.lifecycle == Lifecycle::Active;
         let default = i128::from(self.default_base);
         let mut devs: BTreeMap<Key, i128> = BTreeMap::new();
         for (&k, ks) in &self.keys {
             devs.insert(k, i128::from(ks.base) - default);
-            // Counters only cancel on links with neighbours (whose every link we check).
+            // Counters only cancel on live links with neighbours (each heard in the wave).
             ok &= ks
                 .links
                 .iter()
                 .all(|(p, _)| self.links.get(p).is_some_and(|l| l.neighbour && l.inc != 0));
         }
-        for (f, _) in self.pending_folds.values() {
-            *devs.entry(f.key).or_insert(0) += i128::from(f.net);
+        for (&(_, k), &net) in &self.pending_folds {
+            *devs.entry(k).or_insert(0) += i128::from(net);
         }
-        let links = self.neighbour_incs();
-        let excluded = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.neighbour)
-            .filter_map(|(&p, l)| Some((p, self.left_neighbour(p, l)?)))
-            .collect();
+        // A member in quarantine is read but does not count toward the quorum: it cannot
+        // vouch for the leases its earlier incarnation echoed (docs/PROTOCOL.md).
         let mut members = Vec::new();
-        if let Some(i) = self.audit.rank {
+        if let Some(i) = self.audit.rank.filter(|_| !self.quarantined(now)) {
             members.resize(i / 8 + 1, 0);
             members[i / 8] |= 1 << (i % 8);
         }
-        let busy_after = now.saturating_sub(BUSY_LEASES * self.cfg.lease);
-        let busy = self.settling.values().any(|s| s.started > busy_after);
         let devs: Vec<(Key, i64)> = devs
             .into_iter()
             .filter(|&(_, d)| d != 0)
@@ -210,57 +205,38 @@ impl Node {
         Reading {
             wave,
             inc: self.inc,
-            version: self.ledger_version,
-            links,
+            version: self.base_version,
+            links: self.neighbour_incs(),
             report: AuditReport {
                 ok,
-                busy,
                 defaults: self.default_base,
                 devs,
-                incs: if self.inc > 1 {
-                    vec![(self.cfg.id, self.inc)]
-                } else {
-                    Vec::new()
-                },
+                incs: vec![(self.cfg.id, self.inc)],
                 members,
-                excluded,
+                dead: self.dead_list(),
             },
         }
     }
 
-    /// The incarnation of neighbour `p` that left the cluster, if we froze our link with it
-    /// (its heir settled it). Only a node that left may be missing from a wave: one we froze
-    /// for any other reason may be alive as a later incarnation we have not heard of (we may
-    /// be the one cut off), holding capacity the wave would not count.
-    fn left_neighbour(&self, p: NodeId, l: &Link) -> Option<u64> {
-        let d = *self.dead_floor.get(&p)?;
-        let frozen = self.frozen.contains_key(&(p, d)) || self.forgotten.contains(&(p, d));
-        (l.inc == 0 && frozen && matches!(l.lifecycle, Lifecycle::Leaving | Lifecycle::Left))
-            .then_some(d)
-    }
-
-    /// Every neighbour with the incarnation our link is with (0: none known).
+    /// Every peer our link is live with (a neighbour of the law, or a member we exchange
+    /// leases with), and its incarnation: the wave crosses every such link, since a member
+    /// whose lease a reader echoes must be read too (docs/PROTOCOL.md).
     fn neighbour_incs(&self) -> Vec<(NodeId, u64)> {
         self.links
             .iter()
-            .filter(|(_, l)| l.neighbour)
+            .filter(|(_, l)| l.inc != 0)
             .map(|(&p, l)| (p, l.inc))
             .collect()
     }
 
     /// A neighbour's incarnation we knew when we joined the wave has ended since (our link
-    /// is with a later one, or with none). Whatever subtree it reported for, or would have,
-    /// may be missing from the wave (its later incarnation can join the wave under another
-    /// parent and look like a neighbour already counted): the wave fails here. Found by the
-    /// counting sweep (`SWEEP_SEED=12`, overlapping failures): the root's only neighbour
-    /// crashed before passing on its subtree's confirm, its restarted incarnation joined the
-    /// confirm wave under another node, and the root minted on its own word, without the
-    /// cut-off node's failed confirm: Σ enforced 1.022 L.
+    /// is with a later one, or with none): whatever subtree it reported for may be missing
+    /// from the wave, which fails here.
     fn neighbour_changed(&self) -> bool {
         self.audit
             .joined
             .iter()
-            .any(|&(p, was)| was != 0 && self.links.get(&p).is_none_or(|l| l.inc != was))
+            .any(|&(p, was)| self.links.get(&p).is_none_or(|l| l.inc != was))
     }
 
     /// Joins `wave`, from `parent` (`None`: we start it as the root).
@@ -273,8 +249,7 @@ impl Node {
         a.heard = SmallMap::new();
         a.report = None;
         if wave.confirm {
-            // Fenced before we compare (`take_audit` installed the parent's fence): from here
-            // on no estate of an incarnation dead at the reading can reach a base of ours.
+            // The fence was installed before we compare (`take_audit`, `audit_root_step`).
             let now_reading = self.audit_reading(
                 Wave {
                     confirm: false,
@@ -284,18 +259,11 @@ impl Node {
             );
             // The same round's gather (the readings' waves are equal), read ok, and nothing
             // moved since.
-            let same = self.audit.reading.as_ref().is_some_and(|r| {
-                r.report.ok
-                    // `busy` only ever clears as time passes (a settlement started since
-                    // changed the version).
-                    && *r == Reading {
-                        report: AuditReport {
-                            busy: r.report.busy,
-                            ..now_reading.report.clone()
-                        },
-                        ..now_reading.clone()
-                    }
-            });
+            let same = self
+                .audit
+                .reading
+                .as_ref()
+                .is_some_and(|r| r.report.ok && *r == now_reading);
             if !same {
                 self.audit.reading = None;
             }
@@ -305,9 +273,8 @@ impl Node {
         self.audit_complete(now);
     }
 
-    /// Every neighbour is in our wave (or left the cluster): our subtree's report is ready.
-    /// A gather reads what we hold here, after every neighbour joined and before we report:
-    /// the sooner before the confirm, the less likely it changed meanwhile.
+    /// Every live link's peer is in our wave: our subtree's report is ready. A gather reads
+    /// what we hold here, after every neighbour joined and before we report.
     fn audit_complete(&mut self, now: Nanos) {
         let Some(wave) = self.audit.wave else { return };
         if self.audit.report.is_some() {
@@ -318,22 +285,17 @@ impl Node {
             return;
         }
         let mut children = Vec::new();
-        for (&p, l) in self.links.iter().filter(|(_, l)| l.neighbour) {
-            if self.audit.parent == Some(p) || self.left_neighbour(p, l).is_some() {
+        for (&p, l) in self.links.iter().filter(|(_, l)| l.inc != 0) {
+            if self.audit.parent == Some(p) {
                 continue;
             }
-            match self
-                .audit
-                .heard
-                .get(&p)
-                .filter(|h| h.inc == l.inc && l.inc != 0)
-            {
+            match self.audit.heard.get(&p).filter(|h| h.inc == l.inc) {
                 Some(h) if h.child => match &h.report {
                     Some(r) => children.push(r.clone()),
                     None => return,
                 },
                 Some(_) => {}
-                // Not heard in this wave yet: wait for it.
+                // Not heard in this wave yet: wait for it (or for its fence).
                 None => return,
             }
         }
@@ -367,11 +329,7 @@ impl Node {
         if self.cfg.audit_every.is_none() {
             return;
         }
-        let valid = to_inc == self.inc
-            && self
-                .links
-                .get(&from)
-                .is_some_and(|l| l.neighbour && l.inc == from_inc);
+        let valid = to_inc == self.inc && self.links.get(&from).is_some_and(|l| l.inc == from_inc);
         if !valid {
             return;
         }
@@ -381,13 +339,29 @@ impl Node {
             }
             return;
         };
-        self.audit.install(&f.fence);
-        let higher = self.audit.wave.is_none_or(|w| f.wave > w);
+        // Only the root we follow; its later waves replace earlier ones.
+        if f.wave.root != self.expected_root(now) {
+            return;
+        }
+        let higher = self
+            .audit
+            .wave
+            .is_none_or(|w| w.root != f.wave.root || f.wave > w);
         if higher {
-            // The root starts its own waves; a wave of another incarnation of it is dead.
-            if self.audit_root() {
+            // A root runs its own rounds and is read by no other: two roots that each read
+            // the other cannot both mint on one instant (docs/PROTOCOL.md).
+            if self.audit.root {
                 return;
             }
+            // The confirm wave's floors first: what we compare must be what is left after.
+            for &(n, v) in &f.fence {
+                self.set_dead(n, v, now);
+            }
+            if self.audit.rank.is_none() && self.links.get(&from).is_none_or(|l| l.inc != from_inc)
+            {
+                return;
+            }
+            self.audit.fence = f.fence.clone();
             self.audit_join(f.wave, Some(from), now);
         }
         if self.audit.wave != Some(f.wave) {
@@ -412,7 +386,7 @@ impl Node {
             },
         );
         self.audit_complete(now);
-        if self.audit_root() {
+        if self.audit.root {
             self.audit_root_step(now);
         }
     }
@@ -420,7 +394,7 @@ impl Node {
     /// Our field for a message to `to`, if it still needs one.
     pub(super) fn audit_field(&self, to: NodeId) -> Option<Box<Audit>> {
         let wave = self.audit.wave?;
-        let link = self.links.get(&to).filter(|l| l.neighbour && l.inc != 0)?;
+        let link = self.links.get(&to).filter(|l| l.inc != 0)?;
         let h = self.audit.heard.get(&to).filter(|h| h.inc == link.inc);
         // Our parent is the incarnation we joined from: a later one is not.
         let parent = self.audit.parent == Some(to)
@@ -449,7 +423,7 @@ impl Node {
             },
             // The fence goes with the confirm wave, where a node installs it on joining.
             fence: if wave.confirm {
-                self.audit.fence.iter().map(|(&n, &v)| (n, v)).collect()
+                self.audit.fence.clone()
             } else {
                 Vec::new()
             },
@@ -461,31 +435,45 @@ impl Node {
         let Some(every) = self.cfg.audit_every else {
             return;
         };
-        if !self.audit_root() || self.lifecycle != Lifecycle::Active {
-            // A neighbour may have left since.
-            self.audit_complete(now);
+        let root = self.is_root(now);
+        if root != self.audit.root {
+            self.audit.root = root;
+            // A round of ours is not finished by a node that is no longer the root, and a
+            // new root starts its own.
+            self.audit.over = true;
+            self.audit.wave = None;
+        }
+        // A peer may have been folded since: the wave no longer waits for it.
+        self.audit_complete(now);
+        if !root {
             return;
         }
         let timeout = every / 2;
-        let stale = self.audit.wave.is_none_or(|w| w.root_inc != self.inc);
-        // A round that failed (a node's holdings moved between the waves, a settlement was
-        // under way) is tried again sooner than one that counted.
+        let stale = self
+            .audit
+            .wave
+            .is_none_or(|w| w.root != self.cfg.id || w.root_inc != self.inc);
+        let fresh_deaths = self.audit.dead_seen != self.dead_version;
+        // A round that failed is tried again sooner than one that counted; a new dead floor
+        // (a fence, a restart) calls for one at once.
         let due = match (self.audit.over, self.audit.confirmed_last) {
+            _ if fresh_deaths => now >= self.audit.started + self.cfg.cycle,
             (true, true) => now >= self.audit.started + every,
-            (true, false) => now >= self.audit.started + every / 5,
+            (true, false) => now >= self.audit.started + self.cfg.lease / 2,
             (false, _) => now >= self.audit.started + timeout,
         };
-        // Every neighbour's incarnation known: a wave can complete.
-        let known = self.links.values().all(|l| !l.neighbour || l.inc != 0);
-        if (stale || due) && known {
+        if stale || due {
             self.audit.started = now;
+            self.audit.dead_seen = self.dead_version;
             self.audit.over = false;
             self.audit.confirmed_last = false;
             self.audit.gathered = None;
+            self.audit.fence = Vec::new();
             let round = self.audit.next_round;
             self.audit.next_round += 1;
             self.audit_join(
                 Wave {
+                    root: self.cfg.id,
                     root_inc: self.inc,
                     round,
                     confirm: false,
@@ -505,32 +493,43 @@ impl Node {
         if self.audit.over {
             return;
         }
-        if !report.ok || (!wave.confirm && report.busy) {
-            // Somebody could not read, or a settlement is under way: try again next round.
+        if !report.ok {
+            // Somebody could not read, or something moved: try again.
             self.audit.over = true;
             return;
         }
         if !wave.confirm {
-            // Every member read, or left.
-            let mut members = self.cfg.members.clone();
-            members.sort_unstable();
-            members.dedup();
-            let all = members.iter().enumerate().all(|(i, &m)| {
-                report
-                    .members
-                    .get(i / 8)
-                    .is_some_and(|b| b & (1 << (i % 8)) != 0)
-                    || report.excluded.iter().any(|e| e.0 == m)
-            });
-            if !all {
+            // A quorum of members read out of quarantine: any lease held meanwhile was heard
+            // by one of them.
+            let n = self.members.len();
+            let read = (0..n)
+                .filter(|&i| {
+                    report
+                        .members
+                        .get(i / 8)
+                        .is_some_and(|b| b & (1 << (i % 8)) != 0)
+                })
+                .count();
+            let lowest = report.members.first().is_some_and(|b| b & 1 != 0);
+            if !quorum::is_quorum(read, lowest, n) {
                 self.audit.over = true;
                 return;
             }
-            // The fence: every incarnation older than one that read, and every one that left,
-            // is dead.
-            let mut fence: Vec<(NodeId, u64)> = report.incs.clone();
-            fence.extend(report.excluded.iter().map(|&(n, d)| (n, d + 1)));
-            self.audit.install(&fence);
+            // The fence: every reader's dead floors, and every incarnation older than one
+            // that read.
+            let mut fence: BTreeMap<NodeId, u64> = report.dead.iter().copied().collect();
+            for &(m, inc) in &report.incs {
+                let e = fence.entry(m).or_insert(0);
+                *e = (*e).max(inc.saturating_sub(1));
+            }
+            let fence: Vec<(NodeId, u64)> = fence.into_iter().filter(|&(_, v)| v > 0).collect();
+            for &(m, v) in &fence {
+                self.set_dead(m, v, now);
+            }
+            if !self.audit.root || self.audit.wave != Some(wave) {
+                return;
+            }
+            self.audit.fence = fence;
             self.audit.gathered = Some(report);
             self.audit_join(
                 Wave {
@@ -547,19 +546,36 @@ impl Node {
             return;
         }
         self.audit.over = true;
-        if let Some(g) = self.audit.gathered.take() {
+        // Minting is holding more: only under a lease (docs/PROTOCOL.md).
+        if let Some(g) = self.audit.gathered.take()
+            && self.lease_state(now) != LeaseState::Expired
+        {
             self.audit.confirmed += 1;
             self.audit.confirmed_last = true;
             self.audit_mint(&g);
         }
     }
 
+    /// What a member that was not read can hold: its first incarnation's initial share while
+    /// that one may run (no dead floor covers it), else its reservation.
+    fn unread_holds(&self, m: NodeId) -> u64 {
+        if self.dead.get(&m).copied().unwrap_or(0) >= 1 {
+            self.cfg.reservation(m)
+        } else {
+            self.cfg.initial_share(m)
+        }
+    }
+
     /// Mints `L −` what the gather counted, per key, into our own base.
     fn audit_mint(&mut self, g: &AuditReport) {
         let limit = i128::from(self.cfg.limit);
-        // Only nodes that left are absent from a round, and they handed everything over,
-        // reservation included: nothing is held outside the readings.
-        let total = i128::from(g.defaults);
+        let unread: u64 = self
+            .members
+            .iter()
+            .filter(|&&m| g.incs.binary_search_by_key(&m, |r| r.0).is_err())
+            .map(|&m| self.unread_holds(m))
+            .sum();
+        let total = i128::from(g.defaults) + i128::from(unread);
         let add_default = u64::try_from((limit - total).max(0)).unwrap_or(0);
         let devs: BTreeMap<Key, i64> = g.devs.iter().copied().collect();
         let add = |k: &Key| -> i128 {
@@ -581,16 +597,10 @@ impl Node {
                 self.key_mut(*k).base = base;
             }
         }
-        if add_default > 0 {
-            self.holdings.push(Holding {
-                node: self.cfg.id,
-                part: Part::Minted(add_default),
-            });
-            self.default_base += add_default;
-            self.audit.minted += add_default;
-        }
+        self.default_base += add_default;
+        self.audit.minted += add_default;
         if changed {
-            self.ledger_version += 1;
+            self.base_version += 1;
         }
     }
 

@@ -104,44 +104,6 @@ impl Node {
         }
     }
 
-    /// Link-keys whose pending fold our heir now knows is gone may carry gifts again, and
-    /// confirmations of folds our heir now knows go out.
-    pub(super) fn end_clearings(&mut self) {
-        let (no_heir, acked) = (self.heir.is_none(), self.ledger_acked);
-        if !self.confirm_after.is_empty() {
-            let mut due = Vec::new();
-            self.confirm_after.retain(|&(p, k, v)| {
-                let ready = no_heir || acked >= v;
-                if ready {
-                    due.push((p, k));
-                }
-                !ready
-            });
-            for (p, k) in due {
-                if let Some(l) = self.links.get_mut(&p) {
-                    l.mail().confirm.insert(k);
-                }
-            }
-        }
-        if self.clearing.is_empty() {
-            return;
-        }
-        let keys = &mut self.keys;
-        self.clearing.retain(|&(p, k, v)| {
-            let Some(lk) = keys.get_mut(&k).and_then(|ks| ks.links.get_mut(&p)) else {
-                return false;
-            };
-            if lk.retirement != Retirement::Cleared(v) {
-                return false;
-            }
-            if no_heir || acked >= v {
-                lk.retirement = Retirement::None;
-                return false;
-            }
-            true
-        });
-    }
-
     /// Proposes retiring the counters of quiet keys' links ("Idle keys"): balanced ones, and
     /// those we are the net receiver of once we are back at our static split (the peer, the
     /// net giver, folds first).
@@ -211,13 +173,8 @@ impl Node {
                 && lk.tomb().is_some_and(|t| msg.sent_at > t)
             {
                 lk.retirement = Retirement::None;
-                // It folded: our pending fold goes from the ledger, and we give nothing
-                // here until our heir holds the ledger without it (`wire::PendingFold`).
-                if self.pending_folds.remove(&(from, *k)).is_some() {
-                    self.ledger_version += 1;
-                    lk.retirement = Retirement::Cleared(self.ledger_version);
-                    self.clearing.push((from, *k, self.ledger_version));
-                }
+                // It folded the net in: ours is no longer pending.
+                self.pending_folds.remove(&(from, *k));
                 floor = floor.max(msg.sent_at);
             }
         }
@@ -250,65 +207,25 @@ impl Node {
             if let Some((seen, given)) = zeroed
                 && let Some(ks) = self.keys.get_mut(&k)
             {
-                // The peer, the net giver, folded the net out of its base, and its heir holds
-                // that base (it acknowledges only then): the net is ours now, in our base.
+                // The peer, the net giver, folded the net out of its base: it is ours now,
+                // in our base. Until our confirmation reaches it, the audit counts it at
+                // the peer too (counted twice, never missing).
                 let net = seen - given;
                 ks.zeroed(seen, given);
+                ks.base = ks
+                    .base
+                    .saturating_add(i64::try_from(net).unwrap_or(i64::MAX));
                 if net > 0 {
-                    ks.base = ks
-                        .base
-                        .saturating_add(i64::try_from(net).unwrap_or(i64::MAX));
-                    self.ledger_version += 1;
-                    // Listed in our ledger while the peer holds its fold pending, and our
-                    // confirmation (which ends that) waits until our heir holds it: a heir
-                    // settling us then knows our base has the net (`Ledger::received_folds`).
-                    let inc = self.links.get(&from).map_or(0, |l| l.inc);
-                    self.received_folds.insert(
-                        (from, k, seen),
-                        Received {
-                            inc,
-                            after: msg.sent_at,
-                            net,
-                            version: self.ledger_version,
-                        },
-                    );
-                    self.confirm_after.push((from, k, self.ledger_version));
-                    continue;
+                    self.base_version += 1;
                 }
-            }
-            // Our confirmation of a fold still waits for our heir: it goes then.
-            if self.confirm_after.iter().any(|c| (c.0, c.1) == (from, k)) {
-                continue;
             }
             confirm.push(k);
         }
-        // A message with the peer's whole retirement lists (not a later part of a split
-        // send) sent after the acknowledgement we folded on, that no longer acknowledges it:
-        // the peer had our confirmation and its pending fold is gone, so our record of it
-        // can go too.
-        if !msg.rest && !stale && !self.received_folds.is_empty() {
-            let before = self.received_folds.len();
-            // Only from the incarnation the fold was with, to ours: a peer that froze our
-            // link (it was told we are dead) no longer lists the acknowledgement, but still
-            // holds its pending fold, in its record of the link (found by
-            // `conservation_under_group_partitions`: a complete graph of 6 at 22 % loss).
-            let me = self.inc;
-            self.received_folds.retain(|&(p, k, _), r| {
-                p != from
-                    || msg.from_inc != r.inc
-                    || msg.to_inc != me
-                    || msg.sent_at <= r.after
-                    || msg.retired.iter().any(|x| x.0 == k)
-            });
-            if self.received_folds.len() != before {
-                self.ledger_version += 1;
-            }
-        }
         if let Some(l) = self.links.get_mut(&from) {
             l.floor = floor;
-            if !confirm.is_empty() {
-                l.mail().confirm.extend(confirm);
-            }
+        }
+        if !confirm.is_empty() {
+            self.confirms.entry(from).or_default().extend(confirm);
         }
         stale
     }
@@ -318,19 +235,15 @@ impl Node {
     ///
     /// The proposer holds `(given g, seen s)` with `s ≥ g`; we hold `given = s`, `seen = g`:
     /// nothing in flight either way, and we gave the link's net `n = s − g`. We fold it out
-    /// of our base (our share does not change) and zero the counters; the proposer folds it
-    /// into its base when we acknowledge, which we do only once our heir holds our lowered
-    /// base (`pending_folds`). That order keeps the fold safe under failures: an estate
-    /// reads a dead node's base from its heir's ledger and the link's net from the peer's
-    /// counters (docs/PROTOCOL.md, "Idle keys"). Until the proposer folds, our base is
-    /// lowered and our counters say nothing, so counted from either side the net is counted
-    /// at most once (at the proposer, whose counters still hold it): a failure in between
-    /// loses it at worst. Had the proposer folded first, a heir settling us with a ledger
-    /// from before our fold would count it twice. A balanced link (`n = 0`) changes no base
-    /// and no estimate.
+    /// of our base (our share does not change), zero the counters and acknowledge; the
+    /// proposer folds it into its base when the acknowledgement arrives. Meanwhile the net
+    /// is in neither base: the audit counts our pending fold as ours (`pending_folds`) until
+    /// the proposer confirms, so it is never missing from a reading (at worst counted twice,
+    /// which only mints less). If either end dies meanwhile, the net is in its void
+    /// holdings or in the survivor's counters, which the survivor folds. A balanced link
+    /// (`n = 0`) changes no base.
     pub(super) fn match_retirements(&mut self, from: NodeId, msg: &Message) {
         let active = self.lifecycle == Lifecycle::Active;
-        let peer_incarnation = self.links.get(&from).map_or(0, |l| l.inc);
         for &(k, g, s) in &msg.retire {
             if let Some(ks) = self.keys.get_mut(&k)
                 && let Some(lk) = ks.links.get_mut(&from)
@@ -339,7 +252,7 @@ impl Node {
                 && s >= g
                 && lk.given == s
                 && lk.seen == g
-                // A leaving node hands everything to its heir; it folds nothing.
+                // A leaving node hands everything over; it folds nothing.
                 && (s == g || active)
             {
                 let net = s - g;
@@ -355,20 +268,8 @@ impl Node {
                     ks.base = ks
                         .base
                         .saturating_sub(i64::try_from(net).unwrap_or(i64::MAX));
-                    self.ledger_version += 1;
-                    self.pending_folds.insert(
-                        (from, k),
-                        (
-                            wire::PendingFold {
-                                peer: from,
-                                peer_incarnation,
-                                key: k,
-                                seen: s,
-                                net,
-                            },
-                            self.ledger_version,
-                        ),
-                    );
+                    self.pending_folds.insert((from, k), net);
+                    self.base_version += 1;
                 }
             }
         }

@@ -1,24 +1,33 @@
-//! Leaving gracefully: hand every share to the heir first (issue item 6).
+//! Leaving gracefully: hand every share above the reservation to the neighbours first.
 
 use super::*;
 
 impl Node {
-    /// Leaving: give every share, reservation included, to the heir.
-    pub(super) fn hand_over(&mut self, now: Nanos) {
-        let Some(heir) = self.heir else { return };
-        if self.link_state(heir, now) == Some(LinkState::Down) {
-            return;
+    /// Starts a graceful leave: the node gives its shares to its neighbours (under its
+    /// lease), then stops. Its reservation and what keys without state hold here come back
+    /// through the audit, once its incarnation is dead (it says so when it has left).
+    pub fn leave(&mut self, now: Nanos) {
+        if matches!(self.lifecycle, Lifecycle::Active | Lifecycle::Joining) {
+            self.lifecycle = Lifecycle::Leaving;
+            self.leave_started = Some(now);
+            self.audit.leave_wave();
         }
-        if self.links.get(&heir).is_none_or(|l| l.inc == 0) {
+    }
+
+    /// Leaving: every key's share above the reservation to the first usable neighbour
+    /// (they pass it on by the law to where it is needed).
+    pub(super) fn hand_over(&mut self, usable: &[(NodeId, f64)]) {
+        let Some(&(to, _)) = usable.first() else {
             return;
-        }
+        };
+        let reservation = self.reservation;
         for ks in self.keys.values_mut() {
-            let own = ks.own();
-            let lk = ks.links.entry(heir).or_default();
+            let spare = ks.own().saturating_sub(reservation);
+            let lk = ks.links.entry(to).or_default();
             // A retirement under way ends within a round trip; hand over after it.
-            if own > 0 && !lk.frozen() {
-                lk.given += own;
-                ks.given_sum = ks.given_sum.wrapping_add(own);
+            if spare > 0 && !lk.frozen() {
+                lk.given += spare;
+                ks.given_sum = ks.given_sum.wrapping_add(spare);
             }
         }
     }
@@ -27,23 +36,19 @@ impl Node {
         let Some(start) = self.leave_started else {
             return;
         };
-        let Some(heir) = self.heir else {
-            self.lifecycle = Lifecycle::Left;
-            return;
-        };
+        let reservation = self.reservation;
+        // Every share handed over and acknowledged: nothing of ours is in flight.
         let handed = self
             .keys
             .values()
-            .all(|k| k.own() == 0 && k.links.get(&heir).is_none_or(|l| l.acked >= l.given));
-        // Every reachable neighbour has answered a message sent after we started leaving,
-        // so it knows and gives us nothing more; unreachable ones are settled by the heir.
-        let told = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.neighbour)
-            .all(|(p, l)| l.echo >= start || self.link_state(*p, now) == Some(LinkState::Down));
-        if (handed && told) || now >= start + 4 * self.cfg.lease {
+            .all(|k| k.own() <= reservation && k.links.values().all(|l| l.acked >= l.given));
+        if handed || now >= start + 4 * self.cfg.lease {
             self.lifecycle = Lifecycle::Left;
+            // Tell everyone at once: they fold our links and stop waiting for us.
+            let peers: Vec<NodeId> = self.links.keys().copied().collect();
+            for p in peers {
+                self.send(p, now);
+            }
         }
     }
 }

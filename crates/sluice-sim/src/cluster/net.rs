@@ -278,12 +278,9 @@ impl Net {
         if let Some(s) = self.slots.get_mut(id as usize)
             && s.node.is_none()
         {
-            // A restart that persisted its incarnation knows the one it follows.
-            let previous = s.incarnation;
             s.incarnation += 1;
             let mut cfg = s.cfg.clone();
             cfg.incarnation = s.incarnation;
-            cfg.previous_incarnation = Some(previous);
             s.node = Node::new(cfg, now).ok();
             if let (Some(n), Some(key), Some(r)) = (s.node.as_mut(), self.key, s.demand) {
                 n.set_demand(now, key, r);
@@ -492,6 +489,9 @@ mod tests {
     fn make(c: &Case) -> impl Fn(NodeId, Vec<(NodeId, f64)>) -> Config + '_ {
         move |id, links| {
             let mut cfg = Config::new(id, (0..c.n).collect(), links, 10_000);
+            if c.crash.is_none() {
+                cfg.leases = sluice_coord::node::Leases::Off;
+            }
             cfg.cycle = CYCLE;
             cfg.pacing = c.pacing;
             cfg.relay = c.relay;

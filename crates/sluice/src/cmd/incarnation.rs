@@ -11,8 +11,7 @@ use anyhow::Context as _;
 pub(crate) struct Start {
     pub(crate) incarnation: u64,
     /// The incarnation the previous start ended as (the state file's), `None` on a first
-    /// start or when it is not known (`--incarnation`, the clock). The coordination core
-    /// takes it as `Config::previous_incarnation`: the restart path its fault sweeps drive.
+    /// start or when it is not known (`--incarnation`, the clock).
     pub(crate) previous: Option<u64>,
 }
 

@@ -61,7 +61,7 @@ pub(crate) struct Args {
     /// The lease on shared capacity (at least four cycles).
     #[arg(long, default_value = "1s")]
     lease: String,
-    /// What a node enforces when it cannot reach its heir: `none` (strict), `reserved:F`
+    /// What a node enforces without a lease (cut off from a quorum): `none` (strict), `reserved:F`
     /// (strict, keeps fraction F of its initial share), `last-share` (available, not strict).
     #[arg(long, default_value = "none")]
     fallback: String,
@@ -214,7 +214,6 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.state_file = args.state_file.clone();
     let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
     spec.incarnation = start.incarnation;
-    spec.previous_incarnation = start.previous;
     Ok(Some((spec, args.peer_addr)))
 }
 
@@ -405,7 +404,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             "sluice serve: listening"
         );
         shutdown_signal().await;
-        tracing::info!("shutting down: finishing calls in flight, handing capacity to the heir");
+        tracing::info!("shutting down: finishing calls in flight, handing capacity to the peers");
         daemon.shutdown().await;
         tracing::info!("stopped");
         Ok(())

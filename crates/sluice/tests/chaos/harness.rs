@@ -247,6 +247,19 @@ impl Cluster {
         self.addrs[id].0
     }
 
+    /// Waits for `/readyz` (a lease, out of a restart's quarantine), as a Kubernetes rolling
+    /// update does before it restarts the next pod.
+    pub(crate) fn wait_ready(&self, id: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if http(self.addr(id), "GET", "/readyz", "").is_some_and(|r| r.0 == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("node {id} did not become ready; its log:\n{}", self.log(id));
+    }
+
     pub(crate) fn wait_healthy(&self, id: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

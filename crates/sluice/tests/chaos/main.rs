@@ -83,7 +83,8 @@ fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
 
 /// 3 nodes with state files. kill -9 node 0 and restart it; later kill -9 node 1. The
 /// cluster must come back to admitting its whole limit and stay there (it used to end with
-/// nodes 0 and 2 each other's heirs, both leases expired for good: 0 requests/s).
+/// nodes 0 and 2 each other's heirs under the heir design, both leases expired for good: 0
+/// requests/s).
 #[test]
 fn restart_then_crash_recovers() {
     if long() {
@@ -160,10 +161,10 @@ fn restart_then_crash(start: Start, restarted: usize, victim: usize) {
 }
 
 /// A rolling restart as Kubernetes does it: each node in turn gets SIGTERM (it hands its
-/// capacity to its heir and exits), starts again with the same command line (no state file,
-/// as a pod without a volume), and two seconds later the next one goes. No 1 s window may
-/// admit more than `L + burst`, and the cluster must serve 90 % of its limit again within
-/// three leases of the last start.
+/// shares to its peers and exits), starts again with the same command line (no state file,
+/// as a pod without a volume), and once it is ready (out of its quarantine) the next one
+/// goes. No 1 s window may admit more than `L + burst`, and the cluster must serve 90 % of
+/// its limit again within three leases of the last start.
 #[test]
 fn a_rolling_restart_by_sigterm_keeps_the_limit() {
     let _one = serial();
@@ -175,8 +176,7 @@ fn a_rolling_restart_by_sigterm_keeps_the_limit() {
     for i in 0..3 {
         c.terminate(i);
         c.start(i);
-        c.wait_healthy(i);
-        std::thread::sleep(2 * SEC);
+        c.wait_ready(i);
     }
     let last = load.elapsed();
     std::thread::sleep(4 * SEC);
@@ -184,7 +184,7 @@ fn a_rolling_restart_by_sigterm_keeps_the_limit() {
     let r = load.finish();
     let most = assert_no_overshoot(name, &r, 3);
     let bound = Duration::from_millis(LEASE_MS * 3);
-    let back = r.recovered_at(last - 2 * SEC, r.end, LIMIT * 9 / 10);
+    let back = r.recovered_at(last, r.end, LIMIT * 9 / 10);
     let (least, least_at) = r.min_window(SEC, began, last);
     report(
         name,
@@ -195,14 +195,14 @@ fn a_rolling_restart_by_sigterm_keeps_the_limit() {
                 format!("{least} at {least_at:.1?}"),
             ),
             (
-                "serving_limit_after_last_start",
-                format!("{:?}", back.map(|b| b.saturating_sub(last - 2 * SEC))),
+                "serving_limit_after_last_ready",
+                format!("{:?}", back.map(|b| b.saturating_sub(last))),
             ),
             ("shares_at_end", format!("{shares:?}")),
         ],
     );
     assert!(
-        back.is_some_and(|b| b <= last - 2 * SEC + bound),
+        back.is_some_and(|b| b <= last + bound),
         "{name}: not back at 90 % of the limit within {bound:?} of the last start"
     );
     assert_whole(name, shares, "every node answers");
@@ -267,9 +267,10 @@ fn a_flood_at_one_node_does_not_starve_the_others() {
 }
 
 /// A node frozen with SIGSTOP for twice its lease while its clients' requests queue up, then
-/// SIGCONT. Its heir takes its share over after `lease·(1+ρ)²`; the frozen node, woken,
-/// must decide its queued requests on the lease it no longer holds: the fallback (none).
-/// It used to admit them all on its old share, on top of what its heir admitted with it.
+/// SIGCONT. The others fence it after `lease·(1+ρ)²` and mint its share again; the frozen
+/// node, woken, must decide its queued requests on the lease it no longer holds: the
+/// fallback (none). It used to admit them all on its old share, on top of what the others
+/// admitted with it.
 #[test]
 fn a_frozen_node_admits_nothing_on_its_expired_lease() {
     let _one = serial();
@@ -325,9 +326,10 @@ fn a_frozen_node_admits_nothing_on_its_expired_lease() {
 }
 
 /// Three nodes started with the same command line and no state file: each takes its
-/// incarnation from the clock and holds nothing it cannot prove, and the capacity audit
-/// mints the whole limit. The cluster must serve its limit within a few seconds, and a
-/// node restarted with the same command line comes back as a larger incarnation.
+/// incarnation from the clock, holds nothing it cannot prove and starts in quarantine, and
+/// the capacity audit mints the whole limit once a quorum is out of it. The cluster must
+/// serve its limit within the quarantine and a second, and a node restarted with the same
+/// command line comes back as a larger incarnation.
 #[test]
 fn a_cluster_without_state_files_starts_and_restarts_safely() {
     let _one = serial();
@@ -335,7 +337,7 @@ fn a_cluster_without_state_files_starts_and_restarts_safely() {
     let mut c = Cluster::new(name, 3, Start::Plain);
     let inc = c.incarnation(2).unwrap();
     let load = Load::start(&skewed(&c), 4, "acme");
-    std::thread::sleep(4 * SEC);
+    std::thread::sleep(6 * SEC);
     c.kill(2);
     c.start(2);
     c.wait_healthy(2);
@@ -360,7 +362,7 @@ fn a_cluster_without_state_files_starts_and_restarts_safely() {
         "incarnations {inc} -> {inc_after}"
     );
     assert!(
-        served.is_some_and(|s| s <= 3 * SEC),
+        served.is_some_and(|s| s <= Duration::from_millis(LEASE_MS * 3) + 2 * SEC),
         "{name}: the fresh cluster served 90 % of its limit only from {served:?}"
     );
     assert_whole(name, shares, "every node answers");
@@ -455,18 +457,12 @@ fn skewed_n(c: &Cluster) -> Vec<(usize, std::net::SocketAddr, f64)> {
         .collect()
 }
 
-/// Four nodes cut 2|2 for three leases, healed, and three seconds later node 1 crashes.
-/// Each side enforces at most what it holds (never above L in all); the cluster must be back
-/// at its whole limit within the bound after the crash (it used to stay at 173/s).
-///
-/// Known to fail (issue "The cluster survives real operations", items 1 and 2): after the
-/// heal, a crash can leave the survivors short of the dead node's share for good, because
-/// only its heir's settlement reclaims it and the capacity audit cannot complete around a
-/// crashed node. Node 1's case passed three runs in three on a quiet machine and failed on
-/// CI; the last long run failed for nodes 0 and 2. Ignored in the test command until the
-/// failure layer is redesigned; `scripts/chaos.sh` (long) runs it.
+/// Four nodes cut 2|2 for three leases, healed, and three seconds later node 1 crashes
+/// (every node in the long run). The side with node 0 is the quorum and holds the limit,
+/// the other its fallback (never above L in all); the cluster must be back at its whole limit
+/// within the bound after the crash. With heirs it stayed at 173/s (crash 1), 0.34 L (crash
+/// 0) or 0.11 L (crash 2) for good.
 #[test]
-#[ignore = "known failure until the failure layer is redesigned; scripts/chaos.sh runs it"]
 fn a_crash_after_a_healed_partition_recovers() {
     let targets: &[usize] = if long() { &[0, 1, 2, 3] } else { &[1] };
     every(targets.iter().map(|&crashed| {
@@ -541,7 +537,7 @@ fn a_node_cut_off_and_healed() {
     cut_off_and_healed("one-node-cut", &[]);
 }
 
-/// Node 0 (clock rate `rates[0]`, its heir node 1 at `rates[1]`) cut off from every peer for
+/// Node 0 (clock rate `rates[0]`, node 1 at `rates[1]`) cut off from every peer for
 /// three leases, then healed: at most L + burst in every 1 s window, back at the limit within
 /// three leases of the heal, the shares whole.
 fn cut_off_and_healed(name: &str, rates: &[f64]) {
@@ -578,7 +574,7 @@ fn cut_off_and_healed(name: &str, rates: &[f64]) {
     assert_whole(name, shares, "every node answers");
 }
 
-/// One-way loss: 40 % of node 0's datagrams to its heir lost, 20 % back, for five seconds.
+/// One-way loss: 40 % of node 0's datagrams to node 1 lost, 20 % back, for five seconds.
 #[test]
 fn one_way_loss_keeps_the_limit() {
     let _one = serial();
@@ -621,11 +617,12 @@ fn one_way_loss_keeps_the_limit() {
     assert_whole(name, shares, "every node answers");
 }
 
-/// Clocks at the edge of the drift bound: node 0 runs slow and its heir (node 1) fast, both by
-/// 0.09 % (the daemon assumes ρ = 0.1 %), the worst case for the lease (the holder's lease
-/// lasts longest in real time while its heir's wait is shortest). Node 0 is cut off for three
-/// leases: it must stop enforcing its share before its heir takes it over, so no 1 s window
-/// admits more than L + burst, and the cluster is back at its limit after the heal.
+/// Clocks at the edge of the drift bound: node 0 runs slow and node 1 fast, both by 0.09 %
+/// (the daemon assumes ρ = 0.1 %), the worst case for the lease (the holder's lease lasts
+/// longest in real time while a voter's wait is shortest). Node 0 is cut off for three
+/// leases: it must stop enforcing its share before the others fence it and mint it again,
+/// so no 1 s window admits more than L + burst, and the cluster is back at its limit after
+/// the heal.
 #[test]
 fn skewed_clocks_keep_the_limit_through_a_cut() {
     let _one = serial();

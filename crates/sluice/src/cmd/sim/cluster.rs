@@ -26,7 +26,7 @@ pub(crate) struct Args {
     /// tree from the seed), or the path of an edge-list file (`a b [weight]` per line).
     #[arg(long)]
     topology: TopologySpec,
-    /// sluice: the real nodes (gifts on monotone counters, leases, heirs).
+    /// sluice: the real nodes (gifts on monotone counters, quorum leases, fences, audits).
     /// dst-sync: seed 000 eq. 3 in synchronous rounds, as published.
     /// static: L/N each, never moves.
     #[arg(long, default_value = "sluice")]

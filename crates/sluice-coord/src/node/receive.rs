@@ -1,0 +1,240 @@
+//! Receiving a message: leases' echoes, votes and dead floors, the audit, gifts and
+//! retirements, and the news answered at once (seed 004).
+
+use super::*;
+
+impl Node {
+    /// A message from `from`, received at `now` (this node's clock).
+    pub fn handle_message(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        mut msg: Message,
+        draw: &mut dyn FnMut() -> f64,
+    ) {
+        self.handle_message_in(now, from, &mut msg, draw);
+    }
+
+    /// [`Node::handle_message`] on a borrowed message: a driver can decode every message
+    /// into one buffer ([`crate::wire::decode_into`]) instead of allocating one per message.
+    pub fn handle_message_in(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        msg: &mut Message,
+        draw: &mut dyn FnMut() -> f64,
+    ) {
+        if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
+            return;
+        }
+        // Votes and dead floors are facts about the cluster, whoever tells them.
+        self.take_fences(now, &msg.votes, &msg.dead);
+        if self.lifecycle == Lifecycle::Left {
+            return;
+        }
+        if msg.from_inc <= self.dead.get(&from).copied().unwrap_or(0) {
+            // A dead incarnation that does not know it yet (a healed cut): our next message
+            // tells it, with our dead floors.
+            if let Some(l) = self.links.get_mut(&from) {
+                l.dead_sent = self.dead_version.wrapping_sub(1);
+            }
+            return;
+        }
+        let link_inc = self.links.get(&from).map(|l| l.inc);
+        let known = self.links.contains_key(&from);
+        if !known {
+            if msg.lifecycle != Lifecycle::Joining || msg.to_inc != 0 {
+                return;
+            }
+            // A joiner introduces itself: accept the link if the stability bound still holds.
+            let mut links: Vec<(NodeId, f64)> = self
+                .links
+                .iter()
+                .filter(|(_, l)| l.neighbour)
+                .map(|(p, l)| (*p, l.weight))
+                .collect();
+            links.push((from, self.cfg.join_weight));
+            if stability::check_node(self.cfg.id, self.cfg.gamma, &self.cfg.measure, &links)
+                .is_err()
+            {
+                return;
+            }
+            let w = self.cfg.join_weight;
+            self.link_entry(from, now, true).weight = w;
+            self.usable_cache = None;
+        }
+        // A later incarnation of the sender: the one our link is with is dead (a node runs
+        // one incarnation at a time), so its side of the link is folded now.
+        if let Some(old) = link_inc.filter(|&i| i != 0 && msg.from_inc > i) {
+            self.set_dead(from, old, now);
+        }
+        let (me_inc, up) = (self.inc, 2 * self.cfg.cycle);
+        let (fresh, usable_now) = {
+            let link = self.link_entry(from, now, false);
+            if link.inc != msg.from_inc {
+                // Another incarnation (another clock, fresh counters): no floor yet.
+                link.floor = 0;
+                link.echo = 0;
+                link.indicator_at = 0;
+            }
+            link.inc = msg.from_inc;
+            link.last_recv = Some(link.last_recv.map_or(now, |t| t.max(now)));
+            link.echo = link.echo.max(msg.sent_at);
+            let fresh = msg.sent_at >= link.indicator_at;
+            if fresh {
+                link.lifecycle = msg.lifecycle;
+                link.indicator_at = msg.sent_at;
+            }
+            if msg.to_inc == me_inc && msg.echo != 0 {
+                link.echoed = link.echoed.max(msg.echo);
+            }
+            (fresh, Self::link_usable(link, now, up))
+        };
+        // The cached usable list stays right if the sender is in it exactly when it is usable
+        // now (its entry is `(from, weight)` whatever else changed); a later receipt only
+        // keeps it usable longer, and `until` stays the earlier bound.
+        if let Some(c) = &self.usable_cache {
+            let listed = c.list.binary_search_by_key(&from, |&(q, _)| q).is_ok();
+            if listed != usable_now || now < c.at {
+                self.usable_cache = None;
+            }
+        }
+        self.refresh_lease(now);
+        if msg.lifecycle == Lifecycle::Left {
+            // It handed everything over and will never enforce again: dead by its own word.
+            self.set_dead(from, msg.from_inc, now);
+            return;
+        }
+        self.take_audit(from, (msg.from_inc, msg.to_inc), msg.audit.as_deref(), now);
+        if self.lifecycle == Lifecycle::Joining && msg.lifecycle == Lifecycle::Active {
+            self.lifecycle = Lifecycle::Active;
+        }
+        // Counters addressed to an older incarnation of us belong to it (it is dead); and
+        // gifts are taken only under a lease (docs/PROTOCOL.md, "Leases": what a node holds
+        // beyond its start was given while a quorum heard it).
+        let neighbour = self.links.get(&from).is_some_and(|l| l.neighbour);
+        if !neighbour || !(msg.to_inc == self.inc || msg.to_inc == 0) {
+            return;
+        }
+        let leased = self.lease_state(now) != LeaseState::Expired;
+        let mut news = false;
+        let stale = self.retirements(from, msg);
+        for e in msg.keys.iter().filter(|_| !stale) {
+            // A quiet key the sender holds nothing of on this link costs us no state.
+            if e.idle
+                && e.given == 0
+                && e.seen == 0
+                && !(e.relay.is_finite() && e.relay >= 1.0)
+                && !self.keys.contains_key(&e.key)
+            {
+                continue;
+            }
+            let new = !self.keys.contains_key(&e.key);
+            let idle_after = self.cfg.idle_after;
+            let ks = self.key_mut(e.key);
+            // State created by a neighbour where the key is idle (a level request, "Idle
+            // keys"): we have no demand for it either, so it is quiet from the start.
+            if new
+                && e.idle
+                && let Some(after) = idle_after
+            {
+                ks.idle_since = Some(now.saturating_sub(after));
+                ks.quiet = true;
+            }
+            let lk = ks.links.entry(from).or_default();
+            if fresh {
+                lk.peer_idle = e.idle;
+            }
+            if lk.tomb().is_some() {
+                // Counters of the retired generation may still be in this message.
+                continue;
+            }
+            if e.given > lk.seen && leased {
+                ks.seen_sum = ks.seen_sum.wrapping_add(e.given - lk.seen);
+                lk.seen = e.given;
+                news = true;
+                // A gift of the retiring generation: the peer's `given` was never our `c`
+                // since we proposed, and never will be, so it cannot match: end the round.
+                if lk.retiring().is_some() {
+                    lk.retirement = Retirement::None;
+                }
+            }
+            if e.seen <= lk.given {
+                lk.acked = lk.acked.max(e.seen);
+            }
+            if fresh {
+                lk.peer = Some((e.indicator, e.saturated));
+                let relay = (e.relay.is_finite() && e.relay >= 1.0).then_some((
+                    e.relay,
+                    e.relay_hops,
+                    e.seen,
+                ));
+                lk.relay = relay;
+            }
+        }
+        if !stale {
+            self.match_retirements(from, msg);
+        }
+        // A key the neighbour sent no entry for in a message that holds all its keys has no
+        // state there: idle on its side ("Idle keys"). A neighbour that dropped the key
+        // sends nothing more about it, so without this our side would wait for ever.
+        if fresh && msg.all_keys && !stale && self.cfg.idle_after.is_some() {
+            for (k, ks) in &mut self.keys {
+                if let Some(lk) = ks.links.get_mut(&from)
+                    && msg.keys.binary_search_by_key(k, |e| e.key).is_err()
+                {
+                    // An entry is left out only without a request in it.
+                    lk.peer_idle = true;
+                    lk.relay = None;
+                }
+            }
+        }
+        self.react(now, from, news, draw);
+    }
+
+    /// Seed 004: news is answered at once where tokens allow. A reply to the sender, a
+    /// relay gift to whoever asked (so capacity crosses several hops within one cycle), and
+    /// a changed relay request to the neighbours it concerns. Only relay gifts are made
+    /// here: the law's gifts stay once per cycle, as its stability bound assumes.
+    fn react(&mut self, now: Nanos, from: NodeId, news: bool, draw: &mut dyn FnMut() -> f64) {
+        // (A sorted, deduplicated vector: a set in id order without a node per entry.)
+        let mut notify = StackVec::<NodeId, 16>::new();
+        if news {
+            notify.push(from);
+        }
+        // The usable neighbours, once for the whole message (the sends below change none).
+        let mut plans = StackVec::<Option<RelayPlan>, 4>::new();
+        let mut relay = None;
+        if self.links.values().any(|l| l.pacing.is_some()) && self.relaying(now) {
+            let u = self.usable(now);
+            self.relay_give(now, &u, Some(&mut notify));
+            self.relay_plans(&u, &mut plans);
+            for (ks, &plan) in self.keys.values().zip(&plans) {
+                for &(q, _) in u.iter() {
+                    let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
+                    let (r, _) = Self::relay_ask(plan, q, &u);
+                    // A quiet key's level request (sent where no relay request is) is no
+                    // news: it goes at the next tick.
+                    if relay_changed(sent, r) && !(ks.quiet && r == 0.0) {
+                        notify.push(q);
+                    }
+                }
+            }
+            relay = Some(u);
+        }
+        notify.sort_unstable();
+        notify.dedup();
+        for &q in notify.iter() {
+            if let Some(acc) = self.links.get_mut(&q).and_then(|l| l.pacing.as_mut())
+                // One message carries every key, so spend at most one token per news; the
+                // rest stay for the next (seed 004 Alg. 4 counts messages, not replies).
+                && acc.on_news_at_most(now, draw(), 1) > 0
+            {
+                match &relay {
+                    Some(u) => self.send_with(q, now, u, Some(&plans)),
+                    None => self.send(q, now),
+                }
+            }
+        }
+    }
+}
