@@ -326,7 +326,7 @@ impl Node {
         field: Option<&Audit>,
         now: Nanos,
     ) {
-        if self.cfg.audit_every.is_none() {
+        if self.cfg.audit_every.is_none() || !self.leasing() {
             return;
         }
         let valid = to_inc == self.inc && self.links.get(&from).is_some_and(|l| l.inc == from_inc);
@@ -432,7 +432,9 @@ impl Node {
 
     /// At every tick: the root starts rounds, moves them on, and mints.
     pub(super) fn audit_tick(&mut self, now: Nanos) {
-        let Some(every) = self.cfg.audit_every else {
+        // Without leases nothing fails, so nothing goes missing (and a node that hears only
+        // its neighbours cannot tell the lowest member).
+        let Some(every) = self.cfg.audit_every.filter(|_| self.leasing()) else {
             return;
         };
         let root = self.is_root(now);

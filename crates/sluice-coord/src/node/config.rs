@@ -50,8 +50,8 @@ pub enum Leases {
     /// keys), so the cost is `n²` small messages per cycle.
     #[default]
     Quorum,
-    /// No failure handling: every node holds a lease for ever and talks to its neighbours
-    /// only. For simulations of the law on large sparse graphs, and clusters that never fail;
+    /// No failure handling: every node holds a lease for ever, talks to its neighbours only
+    /// and runs no audit. For simulations of the law on large sparse graphs, and clusters that never fail;
     /// a crash then loses its node's capacity for good, and a partition is not strict.
     Off,
 }
