@@ -11,14 +11,16 @@
 //!   algorithm; a grant of `n` permits is a decision of cost `n` on it) and the replay
 //!   window ([`replay`]).
 //! - [`LeaseBook`] (`book`), the pure client side: per key the permits of the current lease,
-//!   the measured consumption rate, the size to ask for next, the fallback share and its debt.
+//!   the measured consumption rate and the size to ask for next.
 //! - [`TokenClient`] (`client`), the async client a node's engine calls
-//!   ([`crate::Engine::attach_token_server`]): answers from its lease, asks the server when the
-//!   lease runs out, and while no server grants within the timeout decides locally — from its
-//!   lease alone while the lease lasts, then with `1/N` of the limit on a state that already
-//!   counts what the node took from leases (seed 002 §4.4(4)) — probing one request per
-//!   100 ms. What the share admits is owed: the key's next grant request carries it
-//!   ([`GrantRequest::charge`]) and the server counts it before it grants.
+//!   ([`crate::Engine::attach_token_server`]): the token servers as a
+//!   [`sluice_center::Center`] (answers from its lease, asks the server when the lease runs
+//!   out) behind the fallback every center shares ([`sluice_center::FallbackLimiter`], as
+//!   `coordination: redis` does): while no server grants within the timeout it decides
+//!   locally — from its lease alone while the lease lasts, then with `1/N` of the limit on a
+//!   state that already counts what the node took from leases (seed 002 §4.4(4)) — probing
+//!   one request per 100 ms. What the share admits is owed: the key's next grant request
+//!   carries it ([`GrantRequest::charge`]) and the server counts it before it grants.
 //! - [`TokenServerNode`] (`node`), the HTTP shell: `POST /v1/token` ([`router`]) and the
 //!   renewal loop; it reads the clocks and calls the core.
 //!
@@ -55,7 +57,7 @@ pub mod serving;
 mod transport;
 
 pub use book::{LeaseBook, Local, RequestSizing};
-pub use client::{ClientSpec, TokenClient, TokenMode, TokenStatus};
+pub use client::{ClientSpec, NotServed, TokenClient, TokenMode, TokenStatus};
 pub use core::{Now, Refusals, ServerStatus, ServingState, TokenServer};
 pub use grants::GrantConfig;
 pub use node::{RuleLimits, ServerSpec, TokenServerNode, bind, router, run};
