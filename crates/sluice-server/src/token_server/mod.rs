@@ -109,7 +109,39 @@ pub enum Message {
         round: u64,
         /// The sender's incarnation.
         incarnation: u64,
+        /// What its grants spent, when it holds the lease (docs/PROTOCOL.md, "Token
+        /// server"): voters keep it and hand it to the next holder.
+        #[serde(default)]
+        report: Option<Report>,
     },
+}
+
+/// What a holder's state had spent per key at `at`, sent with its renewals: a successor
+/// counts this (and the holder's bounded allowance beyond it, [`grants::Grants`]) as spent
+/// instead of the whole window.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    /// The holder's id.
+    pub holder: u32,
+    /// When (the holder's wall clock, ns since the epoch).
+    pub at: Nanos,
+    /// Whether every key with permits spent is listed (else the most spent
+    /// [`grants::REPORT_KEYS`], and the others count as wholly spent).
+    pub complete: bool,
+    /// The keys.
+    pub keys: Vec<Spent>,
+}
+
+/// One key of a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    /// The key, as in [`GrantRequest::key`].
+    pub key: String,
+    /// The rule's algorithm, by name.
+    pub algorithm: String,
+    /// Permits the key's state counted at the report's time (granted, charged, or inherited
+    /// from a predecessor), as what a fresh state would admit less what it admits.
+    pub used: u64,
 }
 
 /// Why a server refused a request it could read.
@@ -122,7 +154,7 @@ pub enum Refusal {
 }
 
 /// A token server's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
     /// Permits granted (possibly 0).
@@ -160,6 +192,9 @@ pub enum Reply {
         round: u64,
         /// The vote.
         vote: Vote,
+        /// With a vote granted: the latest report of every other holder this voter kept.
+        #[serde(default)]
+        reports: Vec<Report>,
     },
 }
 

@@ -210,7 +210,11 @@ impl TokenServerNode {
             }
             match &message.body {
                 Message::Grant(g) => core.grant(g, configured, now),
-                Message::Renew { round, incarnation } => core.vote(from, *round, *incarnation, now),
+                Message::Renew {
+                    round,
+                    incarnation,
+                    report,
+                } => core.vote(from, *round, *incarnation, report.clone(), now),
             }
         };
         let answer = Envelope {
@@ -261,8 +265,18 @@ impl TokenServerNode {
                 }
                 // Each vote counts as it comes: the lease runs from the round's send time.
                 while let Some(joined) = calls.join_next().await {
-                    if let Ok((from, Ok(Reply::Vote { round, vote }))) = joined {
-                        self.core.lock().tally(round, from, vote, self.now());
+                    if let Ok((
+                        from,
+                        Ok(Reply::Vote {
+                            round,
+                            vote,
+                            reports,
+                        }),
+                    )) = joined
+                    {
+                        self.core
+                            .lock()
+                            .tally(round, from, vote, reports, self.now());
                     }
                 }
             }

@@ -100,6 +100,8 @@ pub struct Serving {
     round_predecessor: Option<Nanos>,
     held_until: Nanos,
     acquisitions: u64,
+    /// The last round a majority voted for.
+    acked: u64,
     /// The holder a refusing voter named, and when (a hint for clients).
     named: Option<(u32, Nanos)>,
 }
@@ -132,6 +134,7 @@ impl Serving {
             round_predecessor: None,
             held_until: 0,
             acquisitions: 0,
+            acked: 0,
             named: None,
         })
     }
@@ -274,6 +277,7 @@ impl Serving {
         if self.round_votes.len() < self.ids.len() / 2 + 1 {
             return None;
         }
+        self.acked = round;
         let held = self.holds(now);
         self.held_until = self
             .held_until
@@ -285,6 +289,12 @@ impl Serving {
         Some(Acquired {
             predecessor_until: self.round_predecessor,
         })
+    }
+
+    /// The last round a majority voted for (0: none yet).
+    #[must_use]
+    pub fn acked_round(&self) -> u64 {
+        self.acked
     }
 
     /// This server's incarnation.
