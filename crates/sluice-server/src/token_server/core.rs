@@ -273,6 +273,12 @@ impl TokenServer {
         );
     }
 
+    /// Grants held back so far until a report reaches a majority.
+    #[must_use]
+    pub fn held_back(&self) -> u64 {
+        self.grants.unreported()
+    }
+
     /// Forgets keys whose state is that of a key never seen; returns how many.
     pub fn retain_idle(&mut self, now: Now) -> usize {
         self.grants.retain_idle(now.wall)
