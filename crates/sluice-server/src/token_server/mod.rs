@@ -61,7 +61,7 @@ pub use client::{ClientSpec, NotServed, TokenClient, TokenMode, TokenStatus};
 pub use core::{Now, Refusals, ServerStatus, ServingState, TokenServer};
 pub use grants::GrantConfig;
 pub use node::{RuleLimits, ServerSpec, TokenServerNode, bind, router, run};
-pub use serving::{ServingLease, Vote};
+pub use serving::{ServingLease, ServingLeaseError, Vote};
 pub use transport::CallError;
 
 use sluice_limits::Nanos;
