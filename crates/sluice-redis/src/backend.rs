@@ -1,70 +1,20 @@
-//! One interface for every place a key's state can live, so one conformance suite runs
-//! against all of them.
+//! Every place a key's state can live behind one interface ([`Center`]), so one
+//! conformance suite runs against all of them: Redis, and the state in this process.
 
 use std::future::Future;
 
 use std::collections::HashMap;
 
+use sluice_center::{AlgorithmId, Center};
 use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
 use crate::error::Error;
-use crate::script::AlgorithmId;
 use crate::store::RedisStore;
 
-/// Where the per-key state lives: decides a request of `cost` permits for `key` under
-/// `limit` with `alg` at `now`.
-pub trait Backend: Send + Sync {
-    /// Decides, consuming the permits if admitted. By default a [`Backend::probe`] without
-    /// a charge: a store that holds nothing locally has no cheaper answer.
-    fn check(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        self.probe(alg, key, limit, now, cost, 0)
-    }
+/// Exact mode: `check` is the default, a probe without a charge — the same script call.
+impl Center for RedisStore {
+    type Error = Error;
 
-    /// Decides from what this backend already holds for `key` (a batch taken from the
-    /// central store earlier and still valid), without I/O: `None` when it holds nothing
-    /// valid (the exact store never does). While the batch is valid but cannot cover
-    /// `cost`, a refusal until the batch ends. A fallback asks this before using its own
-    /// share, so a node keeps to its batch, at its rate, while the batch lasts.
-    fn held(
-        &self,
-        _alg: &AnyAlgorithm,
-        _key: &str,
-        _limit: &Limit,
-        _now: Nanos,
-        _cost: u64,
-    ) -> Option<Decision> {
-        None
-    }
-
-    /// As [`Backend::check`], but the answer always comes from the central store (a batch
-    /// held, or an earlier refusal, does not answer it), and the store first counts
-    /// `charge` permits the caller admitted without it (a fallback's local decisions) as
-    /// admitted now, whatever the limit says — both within one timeout, so a decision that
-    /// follows a fallback is taken on a count that holds what the node admitted meanwhile.
-    /// A probe must reach the store to count as a fallback's recovery.
-    ///
-    /// An error says nothing of the charge: it may have been counted, and counting it again
-    /// only over-counts.
-    fn probe(
-        &self,
-        alg: &AnyAlgorithm,
-        key: &str,
-        limit: &Limit,
-        now: Nanos,
-        cost: u64,
-        charge: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send;
-}
-
-/// `check` is the default, a probe without a charge: the same script call.
-impl Backend for RedisStore {
     async fn probe(
         &self,
         alg: &AnyAlgorithm,
@@ -156,7 +106,9 @@ impl MemoryStore {
 }
 
 /// `check` is the default, a probe without a charge: [`MemoryStore::decide`].
-impl Backend for MemoryStore {
+impl Center for MemoryStore {
+    type Error = Error;
+
     /// The charge is counted as Redis counts it ([`MemoryStore::charge`]), then the request
     /// decided.
     fn probe(

@@ -30,6 +30,12 @@ pub enum Error {
     Reply(String),
 }
 
+impl sluice_center::CenterError for Error {
+    fn is_unavailable(&self) -> bool {
+        Error::is_unavailable(self)
+    }
+}
+
 impl Error {
     /// Whether the error says Redis is unreachable (time out, connection refused or
     /// dropped, cluster down): the cases in which a caller should decide locally. Other

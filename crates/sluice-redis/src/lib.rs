@@ -40,13 +40,14 @@
 //! - **Batched** ([`BatchedStore`], seed 002 §4.4(5)): a node takes a batch of permits sized
 //!   by its own consumption rate, never more than a share of what is left, and answers
 //!   locally until the batch runs out or its lease expires.
-//! - **Fallback** ([`FallbackLimiter`], seed 002 §4.4(4)): when Redis does not answer within
-//!   the timeout, the batch the node holds decides while it is valid, then a local
-//!   `sluice-limits` limiter with the node's share of the limit, on a state that also counts
-//!   what Redis admitted ([`take_what_fits`]); one request per probe interval tries Redis
-//!   again, and only Redis answering ends the fallback. What the share admitted is owed to Redis ([`Debt`]) and
-//!   charged to it ([`RedisStore::charge`]: every script counts `n` permits unconditionally)
-//!   before the node's next central decision of the key.
+//! - **Fallback** ([`FallbackLimiter`], seed 002 §4.4(4), written once in `sluice-center`
+//!   for every center): when Redis does not answer within the timeout, the batch the node
+//!   holds decides while it is valid, then a local `sluice-limits` limiter with the node's
+//!   share of the limit, on a state that also counts what Redis admitted; one request per
+//!   probe interval tries Redis again, and only Redis answering ends the fallback. What the
+//!   share admitted is owed to Redis ([`Debt`]) and charged to it ([`RedisStore::charge`]:
+//!   every script counts `n` permits unconditionally) before the node's next central
+//!   decision of the key. [`RedisStore`] and [`BatchedStore`] are [`Center`]s.
 //!
 //! # Exactness
 //!
@@ -79,19 +80,21 @@
 
 mod backend;
 mod batched;
-mod debt;
 mod error;
-mod fallback;
 mod script;
 mod store;
-mod sweep;
 
-pub use backend::{Backend, MemoryStore};
-pub use batched::{BatchConfig, BatchedStore, ConsumptionRate};
-pub use debt::Debt;
+pub use backend::MemoryStore;
+pub use batched::{BatchConfig, BatchedStore};
 pub use error::Error;
-pub use fallback::{
-    FallbackConfig, FallbackLimiter, Mode, Outcome, Share, Source, Transition, take_what_fits,
-};
+// The contract every center implements and the fallback written once for all of them.
 pub use script::{TimeSource, check_limit};
+pub use sluice_center::{
+    Center, CenterError, Debt, FallbackConfig, FallbackLimiter, Mode, Share, Source,
+};
 pub use store::{RedisConfig, RedisStore};
+
+/// The answer of a [`FallbackLimiter`] over Redis.
+pub type Outcome = sluice_center::Outcome<Error>;
+/// A change of [`Mode`] of a [`FallbackLimiter`] over Redis.
+pub type Transition = sluice_center::Transition<Error>;

@@ -105,15 +105,6 @@ impl Shape {
         }
     }
 
-    /// What tells this algorithm's states apart from another's.
-    pub(crate) fn id(&self) -> AlgorithmId {
-        AlgorithmId {
-            kind: self.kind,
-            param: self.param,
-            factor: self.factor.to_bits(),
-        }
-    }
-
     pub(crate) fn script(&self) -> &'static Script {
         &SCRIPTS[self.index]
     }
@@ -127,25 +118,6 @@ impl Shape {
         } else {
             vec![base]
         }
-    }
-}
-
-/// An algorithm with its parameters (the fixed window's alignment, the sliding window's
-/// sub-windows, the warm-up's period and cold factor), as a key of per-algorithm state
-/// maps: two differently configured algorithms never share a state. Copied and hashed as
-/// three words, so a lookup on the hot path neither formats nor allocates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct AlgorithmId {
-    kind: AlgorithmKind,
-    param: u64,
-    /// The cold factor's bits (every factor is finite: one bit pattern per value).
-    factor: u64,
-}
-
-impl AlgorithmId {
-    /// `alg`'s id.
-    pub(crate) fn of(alg: &AnyAlgorithm) -> Self {
-        Shape::of(alg).id()
     }
 }
 
@@ -176,22 +148,6 @@ pub fn check_limit(alg: &AnyAlgorithm, limit: &Limit, time: TimeSource) -> Resul
     Call::new(alg, "", "k", limit, time, 0, 1, false, 0, 0).map(|_| ())
 }
 
-/// The most a charge counts for `kind` under `limit`: the count for the windows, the burst
-/// for the buckets, GCRA and warm-up. A node's share admits no more than that of what still weighs
-/// (its permits in the window, or the level its bucket holds), so capping loses nothing,
-/// and it keeps every value a script computes exact.
-#[must_use]
-pub(crate) fn charge_cap(kind: AlgorithmKind, limit: &Limit) -> u64 {
-    match kind {
-        AlgorithmKind::FixedWindow
-        | AlgorithmKind::FixedWindowFirst
-        | AlgorithmKind::SlidingWindow
-        | AlgorithmKind::SlidingLog => limit.count(),
-        _ => limit.burst(),
-    }
-    .min((EXACT - 1) as u64)
-}
-
 /// A script call's arguments, checked to be exact.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
@@ -212,7 +168,9 @@ pub(crate) struct Reply {
 impl Call {
     /// Builds the call; [`Error::OutOfRange`] if some value the script computes could pass
     /// 2^53 in its unit. With `charge > 0` the call counts that many permits admitted
-    /// without Redis instead of deciding `cost` (at most [`charge_cap`]).
+    /// without Redis instead of deciding `cost` (at most [`sluice_center::charge_cap`]: a
+    /// node's share admits no more than that of what still weighs, so capping loses
+    /// nothing, and it keeps every value the script computes exact).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         alg: &AnyAlgorithm,
@@ -312,7 +270,9 @@ impl Call {
             min_ttl_ms.to_string(),
             units_per_ms.to_string(),
             param.to_string(),
-            charge.min(charge_cap(shape.kind, limit)).to_string(),
+            charge
+                .min(sluice_center::charge_cap(shape.kind, limit))
+                .to_string(),
             // Shortest digits that read back as the same double (Lua's tonumber is strtod).
             format!("{:e}", shape.factor),
         ];

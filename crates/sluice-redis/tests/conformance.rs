@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Options, WarmUp};
-use sluice_redis::{Backend, MemoryStore, RedisConfig, RedisStore};
+use sluice_redis::{Center, MemoryStore, RedisConfig, RedisStore};
 use support::RedisServer;
 
 /// Every algorithm, in the order of `AlgorithmKind::ALL`, with small parameters.
@@ -84,7 +84,7 @@ test_with_all_backends!(
     keys_and_algorithms_are_independent,
 );
 
-async fn gcra_burst_then_rate(b: &impl Backend) {
+async fn gcra_burst_then_rate(b: &impl Center) {
     // sluice-limits' own example: 2 per second, burst 2.
     let alg = AnyAlgorithm::new(AlgorithmKind::Gcra, Options::default());
     let l: Limit = "2/1s".parse().unwrap();
@@ -101,7 +101,7 @@ async fn gcra_burst_then_rate(b: &impl Backend) {
     );
 }
 
-async fn sliding_log_exact_retry(b: &impl Backend) {
+async fn sliding_log_exact_retry(b: &impl Center) {
     let alg = AnyAlgorithm::new(AlgorithmKind::SlidingLog, Options::default());
     let l = Limit::from_nanos(3, 100).unwrap();
     for t in [10, 20, 30] {
@@ -117,7 +117,7 @@ async fn sliding_log_exact_retry(b: &impl Backend) {
     assert!(b.check(&alg, "k", &l, 120, 2).await.unwrap().allowed);
 }
 
-async fn fixed_window_resets_on_boundaries(b: &impl Backend) {
+async fn fixed_window_resets_on_boundaries(b: &impl Center) {
     let alg = AnyAlgorithm::new(AlgorithmKind::FixedWindow, Options::default());
     let l = Limit::from_nanos(3, 100).unwrap();
     assert!(b.check(&alg, "k", &l, 95, 3).await.unwrap().allowed);
@@ -127,7 +127,7 @@ async fn fixed_window_resets_on_boundaries(b: &impl Backend) {
     assert!(b.check(&alg, "k", &l, 100, 3).await.unwrap().allowed);
 }
 
-async fn every_algorithm_refuses_what_never_fits(b: &impl Backend) {
+async fn every_algorithm_refuses_what_never_fits(b: &impl Center) {
     let l = Limit::from_nanos(5, 1000).unwrap();
     for alg in algorithms(4) {
         let d = b.check(&alg, "big", &l, 0, 6).await.unwrap();
@@ -137,7 +137,7 @@ async fn every_algorithm_refuses_what_never_fits(b: &impl Backend) {
     }
 }
 
-async fn keys_and_algorithms_are_independent(b: &impl Backend) {
+async fn keys_and_algorithms_are_independent(b: &impl Center) {
     let l = Limit::from_nanos(1, 1000).unwrap();
     for alg in algorithms(2) {
         assert!(

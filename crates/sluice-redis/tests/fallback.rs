@@ -337,7 +337,7 @@ async fn into_next_window(ms: u64) -> u64 {
 /// charged to Redis before it decides again.
 async fn every_window_across_a_kill_and_a_return<B>(make: impl FnOnce(RedisStore) -> B)
 where
-    B: sluice_redis::Backend + Send + Sync + 'static,
+    B: sluice_redis::Center<Error = sluice_redis::Error> + Send + Sync + 'static,
 {
     const L: u64 = 100;
     let mut server = RedisServer::start();

@@ -27,10 +27,10 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use sluice_center::{FallbackConfig, FallbackLimiter, FallbackStats, Mode, Share};
 use sluice_limits::{AlgorithmKind, AnyAlgorithm, Decision, Limit, Nanos, Options};
 use sluice_redis::{
-    BatchConfig, BatchedStore, FallbackConfig, FallbackLimiter, Mode, Outcome, RedisConfig,
-    RedisStore, Share, Source, TimeSource, Transition,
+    BatchConfig, BatchedStore, Outcome, RedisConfig, RedisStore, TimeSource, Transition,
 };
 
 use crate::config::ConfigErrorKind;
@@ -139,11 +139,6 @@ pub struct Central {
     nodes: u64,
     /// The algorithms as the engine configures them (default options), by kind.
     algorithms: Vec<AnyAlgorithm>,
-    /// 0: never changed; else the time of the last change + 1.
-    changed_at: AtomicU64,
-    transitions: AtomicU64,
-    central: AtomicU64,
-    local: AtomicU64,
     /// The time of the last logged configuration problem + 1 (at most one a minute).
     problem_logged: AtomicU64,
 }
@@ -219,10 +214,6 @@ pub fn connect(
             .iter()
             .map(|&k| AnyAlgorithm::new(k, Options::default()))
             .collect(),
-        changed_at: AtomicU64::new(0),
-        transitions: AtomicU64::new(0),
-        central: AtomicU64::new(0),
-        local: AtomicU64::new(0),
         problem_logged: AtomicU64::new(0),
     })
 }
@@ -295,23 +286,21 @@ impl Central {
     /// The current state and counters.
     #[must_use]
     pub fn status(&self) -> CentralStatus {
-        let mode = match &self.limiter {
-            Limiter::Exact(l) => l.mode(),
-            Limiter::Batched(l) => l.mode(),
-        };
-        let changed = self.changed_at.load(Ordering::Acquire);
-        let (mode, since) = match mode {
-            Mode::Central => (CentralMode::Central, changed.checked_sub(1)),
-            Mode::Fallback { since } => (CentralMode::Fallback, Some(since)),
+        let stats: FallbackStats = match &self.limiter {
+            Limiter::Exact(l) => l.stats(),
+            Limiter::Batched(l) => l.stats(),
         };
         CentralStatus {
             redis_mode: self.redis_mode,
-            mode,
-            since,
-            transitions: self.transitions.load(Ordering::Relaxed),
+            mode: match stats.mode {
+                Mode::Central => CentralMode::Central,
+                Mode::Fallback { .. } => CentralMode::Fallback,
+            },
+            since: stats.since,
+            transitions: stats.transitions,
             nodes: self.nodes,
-            decisions_central: self.central.load(Ordering::Relaxed),
-            decisions_local: self.local.load(Ordering::Relaxed),
+            decisions_central: stats.decisions_central,
+            decisions_local: stats.decisions_local,
         }
     }
 
@@ -355,14 +344,7 @@ impl Central {
     }
 
     fn account(&self, out: Outcome, now: Nanos) -> Decision {
-        match out.source {
-            Source::Central => self.central.fetch_add(1, Ordering::Relaxed),
-            Source::Local => self.local.fetch_add(1, Ordering::Relaxed),
-        };
         if let Some(t) = out.transition {
-            self.transitions.fetch_add(1, Ordering::Relaxed);
-            self.changed_at
-                .store(now.saturating_add(1), Ordering::Release);
             // Only the call that changed the mode carries the transition: one line per change.
             match t {
                 Transition::ToFallback { cause } => tracing::warn!(

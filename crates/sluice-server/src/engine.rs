@@ -102,6 +102,30 @@ impl Center<'_> {
             Self::TokenServer(_) => Coordination::TokenServer,
         }
     }
+
+    /// Decides `cost` permits of `key` (the center, or its fallback); never fails, never
+    /// waits longer than the center's timeout.
+    async fn decide(
+        self,
+        kind: AlgorithmKind,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> sluice_limits::Decision {
+        match self {
+            Self::Redis(c) => c.decide(kind, key, limit, now, cost).await,
+            Self::TokenServer(t) => t.decide(kind, key, limit, now, cost).await,
+        }
+    }
+
+    /// The share of `limit` this node applies on its own in fallback.
+    fn fallback_limit(self, limit: &Limit) -> Limit {
+        match self {
+            Self::Redis(c) => c.fallback_limit(limit),
+            Self::TokenServer(t) => t.fallback_limit(limit),
+        }
+    }
 }
 
 /// The rule a descriptor gets.
@@ -364,8 +388,8 @@ impl Engine {
         now: Nanos,
         request: &Request,
     ) -> Result<Response, RequestError> {
-        let redis = self.central.get().map(|c| Center::Redis(c));
-        let token = self.token.get().map(|t| Center::TokenServer(t));
+        let redis = self.center_for(Coordination::Redis);
+        let token = self.center_for(Coordination::TokenServer);
         let Some(either) = redis.or(token) else {
             return self.decide(now, request, Mode::Check);
         };
@@ -433,34 +457,18 @@ impl Engine {
             }
             let cost = cost_of(request, d);
             let d = shared.as_ref().unwrap_or(d);
-            *slot = Some(match center {
-                Center::Redis(c) => {
-                    self.redis_limited(c, now, &request.domain, d, l, cost)
-                        .await
-                }
-                Center::TokenServer(t) => token_limited(t, now, &request.domain, d, l, cost).await,
-            });
+            *slot = Some(center_limited(center, now, &request.domain, d, l, cost).await);
         }
         out
     }
 
-    /// A `coordination: redis` rule's status, decided by Redis (or its fallback).
-    async fn redis_limited(
-        &self,
-        central: &Central,
-        now: Nanos,
-        domain: &str,
-        d: &Descriptor,
-        rule: &Limited,
-        cost: u64,
-    ) -> DescriptorStatus {
-        let (limit, window_reset) = match limit_and_reset(rule, now) {
-            Ok(v) => v,
-            Err(blocked) => return blocked,
-        };
-        let key = central_key(domain, d);
-        let decision = central.decide(rule.algorithm, &key, limit, now, cost).await;
-        to_status(rule, &decision, window_reset)
+    /// The center attached for `coordination`, if any.
+    fn center_for(&self, coordination: Coordination) -> Option<Center<'_>> {
+        match coordination {
+            Coordination::Redis => self.central.get().map(|c| Center::Redis(c)),
+            Coordination::TokenServer => self.token.get().map(|t| Center::TokenServer(t)),
+            _ => None,
+        }
     }
 
     /// The rule each descriptor gets, after `replaces`; `None` for an unknown domain.
@@ -662,22 +670,17 @@ impl Engine {
                 share = l;
                 &share
             }
-            // Decided here only in the synchronous calls, or when no Redis is attached: with
-            // Redis, as its fallback would (this node's share); without, as a single node.
-            (Coordination::Redis, _) => match self.central.get() {
-                Some(central) => {
-                    share = central.fallback_limit(limit);
-                    &share
+            // Decided here only in the synchronous calls, or when no center is attached: with
+            // one, as its fallback would (this node's share); without, as a single node.
+            (Coordination::Redis | Coordination::TokenServer, _) => {
+                match self.center_for(rule.coordination) {
+                    Some(center) => {
+                        share = center.fallback_limit(limit);
+                        &share
+                    }
+                    None => limit,
                 }
-                None => limit,
-            },
-            (Coordination::TokenServer, _) => match self.token.get() {
-                Some(token) => {
-                    share = token.fallback_limit(limit);
-                    &share
-                }
-                None => limit,
-            },
+            }
             _ => limit,
         };
         let store = &self.stores[rule.algorithm.index()];
@@ -728,10 +731,10 @@ impl Engine {
     }
 }
 
-/// A `coordination: token-server` rule's status, decided from the node's lease (or by the
-/// token server, or the fallback).
-async fn token_limited(
-    token: &TokenClient,
+/// The status of a rule a center decides (`coordination: redis` or `token-server`): by the
+/// center, from what the node holds of it (a batch, a lease), or by its fallback.
+async fn center_limited(
+    center: Center<'_>,
     now: Nanos,
     domain: &str,
     d: &Descriptor,
@@ -743,7 +746,7 @@ async fn token_limited(
         Err(blocked) => return blocked,
     };
     let key = central_key(domain, d);
-    let decision = token.decide(rule.algorithm, &key, limit, now, cost).await;
+    let decision = center.decide(rule.algorithm, &key, limit, now, cost).await;
     to_status(rule, &decision, window_reset)
 }
 

@@ -34,9 +34,12 @@
 //! [`config`] reads envoyproxy/ratelimit's YAML files (a file or a directory of them) plus
 //! Sluice's per-rule `algorithm`, `burst` and `coordination`, and rejects a bad file with its
 //! file, line, column and reason. [`engine`] answers `ShouldRateLimit` as envoyproxy/ratelimit
-//! does; the servers of `sluice serve` are thin shells over both. [`grpc`] is the first:
-//! Envoy RLS v3 `ShouldRateLimit` over gRPC, on Envoy's own protobuf types, with graceful
-//! shutdown (the HTTP shell is still to come).
+//! does; the servers of `sluice serve` are thin shells over both: [`grpc`] (Envoy RLS v3
+//! `ShouldRateLimit` over gRPC, on Envoy's own protobuf types, with graceful shutdown) and
+//! [`http`] (envoyproxy/ratelimit's `/json`, health, `/metrics`, `/v1/cluster`, capacity
+//! leases). [`daemon`] starts them with the rest of a node: the cluster driver ([`cluster`],
+//! [`peer`], [`shares`]), Redis ([`central`]) and the token server ([`token_server`]) — the
+//! two centers behind one fallback (`sluice-center`).
 
 pub mod cluster;
 pub mod config;

@@ -813,7 +813,9 @@ fn encode_token_server(encoder: &mut DescriptorEncoder<'_>, engine: &Engine) -> 
         "sluice_token_server_refused",
         "Requests this token server refused: not_serving (no lease, or waiting out a \
          predecessor), replay (a sequence number seen or out of the window), wrong_limit (a \
-         limit other than its configuration's), unauthenticated (bad seal or message)",
+         limit other than its configuration's), unreported (the key's allowance beyond its \
+         last report to a majority used, until the next renewal), unauthenticated (bad seal \
+         or message)",
         None,
         counter.metric_type(),
     )?;
@@ -821,6 +823,7 @@ fn encode_token_server(encoder: &mut DescriptorEncoder<'_>, engine: &Engine) -> 
         ("not_serving", s.refused.not_serving),
         ("replay", s.refused.replays),
         ("wrong_limit", s.refused.wrong_limit),
+        ("unreported", s.refused.unreported),
         ("unauthenticated", s.rejected),
     ] {
         ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_center::Source;
 use sluice_limits::{AlgorithmKind, Limit};
-use sluice_redis::Source;
 use sluice_server::metrics::Metrics;
 use sluice_server::peer::PeerKey;
 use sluice_server::token_server::{

@@ -1,12 +1,11 @@
-//! The pure half of a node's token client: its leases per key, their sizing, the fallback
-//! share and what it owes the servers (time is an argument).
+//! The pure half of a node's token client: its leases per key and their sizing (time is an
+//! argument). The fallback share and what it owes the servers are the fallback's
+//! ([`sluice_center::FallbackLimiter`]), as for Redis.
 
 use std::collections::HashMap;
 
-use sluice_limits::{
-    Algorithm, AlgorithmKind, AnyAlgorithm, AnyState, Decision, Limit, Nanos, Options,
-};
-use sluice_redis::{ConsumptionRate, Debt, Share, Source, take_what_fits};
+use sluice_center::{ConsumptionRate, PRUNE_EVERY, Sweep};
+use sluice_limits::{AlgorithmKind, Decision, Limit, Nanos};
 
 /// How a node sizes its requests for permits.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,14 +32,6 @@ struct Lease {
     expires: Nanos,
     rate: ConsumptionRate,
     refused_until: Nanos,
-    /// The node's own share of the limit (`1/nodes`), on the rule's algorithm: charged with
-    /// every permit admitted from leases (as far as it goes), and the fallback's limiter
-    /// once the lease has expired — so a share used up from leases is not spent twice.
-    share: Option<AnyState>,
-    /// What the share admitted that no server has counted yet.
-    debt: Debt,
-    /// The debt a request carries to a server now (at most one at a time per key).
-    charging: Option<Debt>,
 }
 
 /// What the lease says about a request.
@@ -52,36 +43,31 @@ pub enum Local {
     Ask(u64),
 }
 
-/// A node's leases, per key (the pure half of [`TokenClient`]).
+/// A node's leases, per key (the pure half of [`super::TokenClient`]).
 #[derive(Debug, Default)]
 pub struct LeaseBook {
     config: RequestSizing,
     leases: HashMap<(String, AlgorithmKind), Lease>,
-    /// The fallback's share is `1/nodes` (0 counts as 1).
-    nodes: u64,
+    sweep: Sweep,
 }
 
 impl LeaseBook {
-    /// No lease yet; the fallback's share is the whole limit ([`LeaseBook::with_nodes`]).
+    /// No lease yet.
     #[must_use]
     pub fn new(config: RequestSizing) -> Self {
         Self {
             config,
             leases: HashMap::new(),
-            nodes: 1,
+            sweep: Sweep::default(),
         }
     }
 
-    /// The fallback's share is `1/nodes` of each limit.
-    #[must_use]
-    pub fn with_nodes(mut self, nodes: u64) -> Self {
-        self.nodes = nodes.max(1);
-        self
-    }
-
-    /// This node's share of `limit`.
-    fn share_of(&self, limit: &Limit) -> Limit {
-        Share::one_of(self.nodes).apply(limit)
+    /// The key's lease, created if new; swept of idle keys when a sweep is due.
+    fn lease(&mut self, key: &str, kind: AlgorithmKind, now: Nanos) -> &mut Lease {
+        if self.sweep.due(now) {
+            self.retain(now, PRUNE_EVERY);
+        }
+        self.leases.entry((key.to_string(), kind)).or_default()
     }
 
     /// Decides from the lease if it can.
@@ -93,114 +79,54 @@ impl LeaseBook {
         now: Nanos,
         cost: u64,
     ) -> Local {
-        let horizon = self.config.horizon;
-        let smoothing = self.config.smoothing;
-        let share = self.share_of(limit);
-        let lease = self.leases.entry((key.to_string(), kind)).or_default();
+        let lease = self.lease(key, kind, now);
         if now >= lease.expires {
             lease.left = 0;
         }
         if lease.left >= cost {
-            return Local::Decided(take(lease, kind, limit, &share, now, cost));
+            return Local::Decided(take(lease, limit, now, cost));
         }
         if now < lease.refused_until {
             let wait = lease.refused_until - now;
             return Local::Decided(Decision::deny(limit.count(), lease.left, wait, Some(wait)));
         }
-        let by_rate = lease.rate.batch(now, horizon, smoothing);
-        let want = by_rate.max(cost - lease.left);
-        lease.rate.asked(want);
-        Local::Ask(want)
+        Local::Ask(self.want(key, kind, now, cost))
     }
 
-    /// Decides during a fallback, without the server: while the key's lease is valid, from
-    /// it only (its permits, then refusals until it expires: the lease's rate, never more);
-    /// after that with the node's share, on a state that already counts what the node took
-    /// from leases. Says which: [`Source::Central`] for the lease, [`Source::Local`].
-    pub fn fallback(
+    /// How many permits to ask a server for, whatever the lease holds: the node's
+    /// consumption over the horizon, at least what the lease lacks for `cost`.
+    pub fn want(&mut self, key: &str, kind: AlgorithmKind, now: Nanos, cost: u64) -> u64 {
+        let (horizon, smoothing) = (self.config.horizon, self.config.smoothing);
+        let lease = self.lease(key, kind, now);
+        if now >= lease.expires {
+            lease.left = 0;
+        }
+        let by_rate = lease.rate.batch(now, horizon, smoothing);
+        let want = by_rate.max(cost.saturating_sub(lease.left));
+        lease.rate.asked(want);
+        want
+    }
+
+    /// Decides from the key's lease only, without a server: `None` when it holds no valid
+    /// lease; while it holds one that cannot cover `cost`, a refusal until it expires (the
+    /// lease's rate, never more).
+    pub fn held(
         &mut self,
         key: &str,
         kind: AlgorithmKind,
         limit: &Limit,
         now: Nanos,
         cost: u64,
-    ) -> (Decision, Source) {
-        let share = self.share_of(limit);
-        let lease = self.leases.entry((key.to_string(), kind)).or_default();
-        if now < lease.expires {
-            if lease.left >= cost {
-                return (take(lease, kind, limit, &share, now, cost), Source::Central);
-            }
-            let wait = lease.expires - now;
-            return (
-                Decision::deny(limit.count(), lease.left, wait, Some(wait)),
-                Source::Central,
-            );
-        }
-        let alg = AnyAlgorithm::new(kind, Options::default());
-        let state = lease
-            .share
-            .get_or_insert_with(|| alg.new_state(&share, now));
-        let d = alg.check(state, &share, now, cost);
-        if d.allowed {
-            // No server knows of it: the next request for a grant carries it.
-            lease.debt.record(&alg, limit, now, cost);
-        }
-        (d, Source::Local)
-    }
-
-    /// The permits a request for a grant of the key carries ([`GrantRequest::charge`]): what
-    /// the share admitted that still weighs, taken out until [`LeaseBook::charged`] says how
-    /// the request went. `None` while another request carries the key's debt: the caller
-    /// decides locally ([`LeaseBook::fallback`]), so no grant is asked for before the server
-    /// has counted the key's local permits.
-    pub fn charge(
-        &mut self,
-        key: &str,
-        kind: AlgorithmKind,
-        limit: &Limit,
-        now: Nanos,
-    ) -> Option<u64> {
-        let lease = self.leases.entry((key.to_string(), kind)).or_default();
-        if lease.charging.is_some() {
+    ) -> Option<Decision> {
+        let lease = self.leases.get_mut(&(key.to_string(), kind))?;
+        if now >= lease.expires {
             return None;
         }
-        let alg = AnyAlgorithm::new(kind, Options::default());
-        let due = lease.debt.due(&alg, limit, now);
-        if due == 0 {
-            lease.debt = Debt::new();
-        } else {
-            lease.charging = Some(lease.debt.take());
+        if lease.left >= cost {
+            return Some(take(lease, limit, now, cost));
         }
-        Some(due)
-    }
-
-    /// Ends the charge taken by [`LeaseBook::charge`]: counted by a server (`counted`), or
-    /// not known to be — then still owed (charging it again only over-counts).
-    pub fn charged(&mut self, key: &str, kind: AlgorithmKind, counted: bool) {
-        if let Some(lease) = self.leases.get_mut(&(key.to_string(), kind))
-            && let Some(owed) = lease.charging.take()
-            && !counted
-        {
-            lease.debt.restore(owed);
-        }
-    }
-
-    /// Whether a request carries the key's debt to a server now.
-    #[must_use]
-    pub fn charging(&self, key: &str, kind: AlgorithmKind) -> bool {
-        self.leases
-            .get(&(key.to_string(), kind))
-            .is_some_and(|l| l.charging.is_some())
-    }
-
-    /// What the key owes the servers at `now` (permits of its share no server counted yet).
-    #[must_use]
-    pub fn owed(&self, key: &str, kind: AlgorithmKind, limit: &Limit, now: Nanos) -> u64 {
-        let alg = AnyAlgorithm::new(kind, Options::default());
-        self.leases
-            .get(&(key.to_string(), kind))
-            .map_or(0, |l| l.debt.due(&alg, limit, now))
+        let wait = lease.expires - now;
+        Some(Decision::deny(limit.count(), lease.left, wait, Some(wait)))
     }
 
     /// Whether the key holds an unexpired lease with permits left.
@@ -226,8 +152,7 @@ impl LeaseBook {
         valid_for: Nanos,
         retry_after: Option<Nanos>,
     ) -> Decision {
-        let share = self.share_of(limit);
-        let lease = self.leases.entry((key.to_string(), kind)).or_default();
+        let lease = self.lease(key, kind, now);
         if now >= lease.expires {
             lease.left = 0;
         }
@@ -243,7 +168,7 @@ impl LeaseBook {
             lease.left += granted;
         }
         if lease.left >= cost {
-            return take(lease, kind, limit, &share, now, cost);
+            return take(lease, limit, now, cost);
         }
         let wait = retry_after.unwrap_or(1).max(1);
         if granted == 0 {
@@ -254,7 +179,7 @@ impl LeaseBook {
 
     /// Permits held in unexpired leases at `now`, over all keys.
     #[must_use]
-    pub fn held(&self, now: Nanos) -> u64 {
+    pub fn held_permits(&self, now: Nanos) -> u64 {
         self.leases
             .values()
             .filter(|l| now < l.expires)
@@ -262,34 +187,26 @@ impl LeaseBook {
             .sum()
     }
 
-    /// Forgets leases idle since before `now - keep`.
+    /// Forgets leases idle since before `now - keep` (expired, no refusal running, no use
+    /// measured): only their rate estimate is lost.
     pub fn retain(&mut self, now: Nanos, keep: Nanos) {
         self.leases.retain(|_, l| {
-            now < l.expires.saturating_add(keep)
+            now < l.expires.max(l.refused_until).saturating_add(keep)
                 || now < l.rate.since().saturating_add(keep)
-                || !l.debt.is_empty()
-                || l.charging.is_some()
         });
+    }
+
+    /// Keys with a lease record.
+    #[must_use]
+    pub fn keys(&self) -> usize {
+        self.leases.len()
     }
 }
 
-/// Gives `cost` permits out of the lease, and charges them to the node's share (what fits).
-fn take(
-    lease: &mut Lease,
-    kind: AlgorithmKind,
-    limit: &Limit,
-    share: &Limit,
-    now: Nanos,
-    cost: u64,
-) -> Decision {
+/// Gives `cost` permits out of the lease.
+fn take(lease: &mut Lease, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     lease.left -= cost;
     lease.rate.used(cost);
-    let alg = AnyAlgorithm::new(kind, Options::default());
-    let state = lease.share.get_or_insert_with(|| alg.new_state(share, now));
-    // More than the share from leases: the share is used up, no more (by design it counts
-    // only what fits, not past the limit as a charge would: it limits this node's fallback,
-    // and a lease's permits were already counted centrally).
-    take_what_fits(&alg, state, share, now, cost);
     Decision::allow(limit.count(), lease.left, lease.expires.saturating_sub(now))
 }
 
@@ -311,11 +228,11 @@ mod tests {
         let (l, k) = (fw(1000), AlgorithmKind::FixedWindow);
         let d = b.apply("k", k, &l, S, S + 12_000_000, 1, 4, 10_000_000, None);
         assert!(!d.allowed, "{d:?}");
-        assert_eq!(b.held(S + 12_000_000), 0);
+        assert_eq!(b.held_permits(S + 12_000_000), 0);
         // In time, the same grant admits.
         let d = b.apply("k", k, &l, S, S + 9_000_000, 1, 4, 10_000_000, None);
         assert!(d.allowed, "{d:?}");
-        assert_eq!(b.held(S + 9_000_000), 3);
+        assert_eq!(b.held_permits(S + 9_000_000), 3);
     }
 
     #[test]
@@ -334,85 +251,20 @@ mod tests {
         // An expired lease serves nothing.
         b.apply("k", k, &l, S + 2, S + 2, 1, 0, 0, Some(5));
         assert!(matches!(b.try_local("k", k, &l, S + 3, 1), Local::Decided(d) if !d.allowed));
-        // In fallback the lease (valid until S + 100 ms, used up) refuses until it ends.
-        let (d, source) = b.fallback("k", k, &l, S + 10, 1);
-        assert!(!d.allowed && source == Source::Central, "{d:?}");
+        // Without a server the lease (valid until S + 100 ms, used up) refuses until it ends.
+        let d = b.held("k", k, &l, S + 10, 1).unwrap();
+        assert!(!d.allowed, "{d:?}");
         assert_eq!(d.retry_after, Some(100_000_000 - 10));
+        assert_eq!(b.held("k", k, &l, S + 100_000_000, 1), None, "expired");
     }
 
     #[test]
-    fn a_fallback_keeps_to_the_lease_then_to_a_share_that_counts_the_leases() {
-        // Two nodes: the share is 50 of 100 per window.
-        let mut b = LeaseBook::new(RequestSizing::default()).with_nodes(2);
-        let (l, k) = (fw(100), AlgorithmKind::FixedWindow);
-        let lease = 100_000_000;
-        let t = 10 * S;
-        // 30 of a 40-permit lease used centrally.
-        assert!(b.apply("k", k, &l, t, t, 1, 40, lease, None).allowed);
-        for _ in 0..29 {
-            assert!(matches!(b.try_local("k", k, &l, t + 1, 1), Local::Decided(d) if d.allowed));
-        }
-        // The server is gone. While the lease is valid: its 10 permits, then refusals until
-        // it ends — not the share on top.
-        let mid = t + lease / 2;
-        for _ in 0..10 {
-            assert_eq!(b.fallback("k", k, &l, mid, 1).1, Source::Central);
-        }
-        let (d, source) = b.fallback("k", k, &l, mid, 1);
-        assert!(!d.allowed && source == Source::Central, "{d:?}");
-        assert_eq!(d.retry_after, Some(lease / 2));
-        // After it: the share, less the 40 taken from leases in this window.
-        let after = t + 2 * lease;
-        let local = (0..100)
-            .filter(|_| {
-                let (d, source) = b.fallback("k", k, &l, after, 1);
-                assert_eq!(source, Source::Local);
-                d.allowed
-            })
-            .count();
-        assert_eq!(local, 10, "40 from leases + 10 = the share of 50");
-        // The next window: the whole share.
-        let next = (0..100)
-            .filter(|_| b.fallback("k", k, &l, t + S, 1).0.allowed)
-            .count();
-        assert_eq!(next, 50);
-
-        // A node that took more than its share from leases admits nothing more locally in
-        // that window: max(leases, share), never their sum.
-        assert!(b.apply("big", k, &l, t, t, 1, 80, lease, None).allowed);
-        for _ in 0..79 {
-            assert!(matches!(b.try_local("big", k, &l, t + 1, 1), Local::Decided(d) if d.allowed));
-        }
-        assert!(!b.fallback("big", k, &l, after, 1).0.allowed);
-        assert!(b.fallback("big", k, &l, t + S, 1).0.allowed);
-    }
-
-    #[test]
-    fn the_share_owes_its_admissions_until_a_grant_counts_them() {
-        let mut b = LeaseBook::new(RequestSizing::default()).with_nodes(2);
-        let (l, k) = (fw(100), AlgorithmKind::FixedWindow);
-        let t = 10 * S;
-        // No lease: the share decides, and owes what it admits.
-        let local = (0..60)
-            .filter(|_| b.fallback("k", k, &l, t, 1).0.allowed)
-            .count();
-        assert_eq!(local, 50);
-        assert_eq!(b.owed("k", k, &l, t + 1), 50);
-        // One request carries it; another meanwhile is told to decide locally.
-        assert_eq!(b.charge("k", k, &l, t + 1), Some(50));
-        assert!(b.charging("k", k));
-        assert_eq!(b.charge("k", k, &l, t + 1), None);
-        // Not counted (no grant): owed again, with nothing lost.
-        b.charged("k", k, false);
-        assert!(!b.charging("k", k));
-        assert_eq!(b.owed("k", k, &l, t + 2), 50);
-        // Counted: nothing owed.
-        assert_eq!(b.charge("k", k, &l, t + 2), Some(50));
-        b.charged("k", k, true);
-        assert_eq!(b.owed("k", k, &l, t + 3), 0);
-        assert_eq!(b.charge("k", k, &l, t + 3), Some(0));
-        // The next window owes nothing for the last one.
-        b.fallback("k", k, &l, t + S / 2, 1);
-        assert_eq!(b.owed("k", k, &l, t + S), 0);
+    fn idle_leases_are_swept() {
+        let mut b = LeaseBook::new(RequestSizing::default());
+        let (l, k) = (fw(1000), AlgorithmKind::FixedWindow);
+        b.apply("k", k, &l, S, S, 1, 4, 100_000_000, None);
+        assert_eq!(b.keys(), 1);
+        b.try_local("other", k, &l, S + 2 * PRUNE_EVERY, 1);
+        assert_eq!(b.keys(), 1, "only the key just asked for");
     }
 }

@@ -3,12 +3,14 @@
 //! argument ([`Now`]); the shell (`node`) reads the clocks — at every grant, under the lock
 //! that holds this state — and does the I/O.
 
+use std::collections::BTreeMap;
+
 use sluice_limits::{AlgorithmKind, Limit, Nanos};
 
 use super::grants::{GrantConfig, Grants};
 use super::replay::{ReplayError, ReplayWindow};
 use super::serving::{Serving, ServingLease, Vote};
-use super::{GrantRequest, Message, Refusal, Reply};
+use super::{GrantRequest, Message, Refusal, Reply, Report};
 
 /// The two clocks a server reads: the wall clock (ns since the unix epoch: fixed windows
 /// are aligned to it, sequence numbers are taken from it) and a monotonic one (the serving
@@ -39,6 +41,10 @@ pub struct Refusals {
     pub replays: u64,
     /// Grant requests naming another limit than the server's configuration.
     pub wrong_limit: u64,
+    /// Grant requests held back because the key's allowance beyond the last report a
+    /// majority received was used (until the next renewal).
+    #[serde(default)]
+    pub unreported: u64,
 }
 
 /// Where a token server stands.
@@ -83,6 +89,10 @@ pub struct TokenServer {
     replay: ReplayWindow,
     serving_from: Nanos,
     refused: Refusals,
+    /// As a voter: the latest report of each holder it voted for.
+    reports: BTreeMap<u32, Report>,
+    /// As a candidate: the reports its voters kept, in the current round.
+    round_reports: BTreeMap<u32, Report>,
 }
 
 impl TokenServer {
@@ -97,13 +107,22 @@ impl TokenServer {
         incarnation: u64,
         now: Now,
     ) -> Option<Self> {
+        let mut grants = Grants::new(grants);
+        // A holder grants until `lease` after its last renewal a majority voted for, whose
+        // report a voter of any later majority kept (a renewal more for the wall clocks).
+        grants.set_timing(
+            lease.renew_every,
+            lease.stretch(lease.lease).saturating_add(lease.renew_every),
+        );
         Some(Self {
             me,
             serving: Serving::new(lease, me, ids, incarnation, now.mono)?,
-            grants: Grants::new(grants),
+            grants,
             replay: ReplayWindow::default(),
             serving_from: Nanos::MAX,
             refused: Refusals::default(),
+            reports: BTreeMap::new(),
+            round_reports: BTreeMap::new(),
         })
     }
 
@@ -165,30 +184,72 @@ impl TokenServer {
         )
     }
 
-    /// Votes on `from`'s round `round` (incarnation `incarnation`).
-    pub fn vote(&mut self, from: u32, round: u64, incarnation: u64, now: Now) -> Reply {
+    /// Votes on `from`'s round `round` (incarnation `incarnation`), keeping the report it
+    /// sent; a vote granted hands over the reports of every holder this voter kept.
+    pub fn vote(
+        &mut self,
+        from: u32,
+        round: u64,
+        incarnation: u64,
+        report: Option<Report>,
+        now: Now,
+    ) -> Reply {
+        let vote = self.serving.vote(from, incarnation, now.mono);
+        if !vote.granted {
+            return Reply::Vote {
+                round,
+                vote,
+                reports: Vec::new(),
+            };
+        }
+        if let Some(r) = report {
+            keep(&mut self.reports, r);
+        }
         Reply::Vote {
             round,
-            vote: self.serving.vote(from, incarnation, now.mono),
+            vote,
+            reports: self.reports.values().cloned().collect(),
         }
     }
 
     /// Starts a round of the serving lease if this server should ask: the message to send
-    /// every other server.
+    /// every other server (with its report, if it holds the lease).
     pub fn start_round(&mut self, now: Now) -> Option<Message> {
+        let holding = self.serving.holds(now.mono);
         let (round, won) = self.serving.start_round(now.mono)?;
+        let report = holding.then(|| self.grants.report(self.me, round, now.wall));
+        if let Some(r) = &report {
+            keep(&mut self.reports, r.clone());
+        }
+        // Its own vote counts with the reports it kept.
+        self.round_reports = self.reports.iter().map(|(&h, r)| (h, r.clone())).collect();
         // Its own vote is the majority of a single server.
         self.after_vote(won, now);
+        self.after_majority(round);
         Some(Message::Renew {
             round,
             incarnation: self.serving.incarnation(),
+            report,
         })
     }
 
-    /// Counts `from`'s vote on `round`.
-    pub fn tally(&mut self, round: u64, from: u32, vote: Vote, now: Now) {
+    /// Counts `from`'s vote on `round`, with the reports the voter kept.
+    pub fn tally(&mut self, round: u64, from: u32, vote: Vote, reports: Vec<Report>, now: Now) {
+        if vote.granted {
+            for r in reports {
+                keep(&mut self.round_reports, r);
+            }
+        }
         let won = self.serving.tally(round, from, vote, now.mono);
         self.after_vote(won, now);
+        self.after_majority(round);
+    }
+
+    /// A majority voted for `round`: its report (if any) is known to every later majority.
+    fn after_majority(&mut self, round: u64) {
+        if self.serving.acked_round() == round {
+            self.grants.acked(round);
+        }
     }
 
     fn after_vote(&mut self, won: Option<super::serving::Acquired>, now: Now) {
@@ -202,13 +263,20 @@ impl TokenServer {
         let predecessor_wall = won
             .predecessor_until
             .map(|t| now.wall.saturating_sub(now.mono.saturating_sub(t)));
-        self.grants.take_over(predecessor_wall);
+        let reports = self.round_reports.values().cloned().collect();
+        self.grants.take_over(predecessor_wall, reports);
         tracing::warn!(
             id = self.me,
             predecessor = predecessor_wall.is_some(),
             serving_in_ms = cfg.stretch(self.grants.config().lease) / 1_000_000,
             "token server holds the serving lease of a majority"
         );
+    }
+
+    /// Grants held back so far until a report reaches a majority.
+    #[must_use]
+    pub fn held_back(&self) -> u64 {
+        self.grants.unreported()
     }
 
     /// Forgets keys whose state is that of a key never seen; returns how many.
@@ -234,8 +302,21 @@ impl TokenServer {
                 .map(|u| u.saturating_sub(now.mono)),
             acquisitions: self.serving.acquisitions(),
             granted: self.grants.granted(),
-            refused: self.refused,
+            refused: Refusals {
+                unreported: self.grants.unreported(),
+                ..self.refused
+            },
             rejected,
+        }
+    }
+}
+
+/// Keeps `r` if it is the latest report of its holder.
+fn keep(reports: &mut BTreeMap<u32, Report>, r: Report) {
+    match reports.get(&r.holder) {
+        Some(old) if old.at >= r.at => {}
+        _ => {
+            reports.insert(r.holder, r);
         }
     }
 }
@@ -252,11 +333,22 @@ mod tests {
     const L: u64 = 1000;
 
     fn limit() -> (AlgorithmKind, Limit) {
-        (AlgorithmKind::FixedWindow, Limit::from_nanos(L, S).unwrap())
+        limit_per(S)
+    }
+
+    fn limit_per(period: Nanos) -> (AlgorithmKind, Limit) {
+        (
+            AlgorithmKind::FixedWindow,
+            Limit::from_nanos(L, period).unwrap(),
+        )
     }
 
     fn request(want: u64) -> GrantRequest {
-        let (kind, l) = limit();
+        request_per(want, S)
+    }
+
+    fn request_per(want: u64, period: Nanos) -> GrantRequest {
+        let (kind, l) = limit_per(period);
         GrantRequest {
             key: "d|user=a".into(),
             algorithm: kind.name().into(),
@@ -284,6 +376,17 @@ mod tests {
     /// 1 ms for `secs` s. Returns the permits admitted from leases per window, and the
     /// servers.
     fn run(faults: Faults, secs: u64) -> (BTreeMap<Nanos, u64>, Vec<TokenServer>) {
+        run_with(faults, S, MS, secs)
+    }
+
+    /// [`run`] with a limit of `L` per `period`, each client asking once per `every`;
+    /// admissions per window of `period`.
+    fn run_with(
+        faults: Faults,
+        period: Nanos,
+        every: Nanos,
+        secs: u64,
+    ) -> (BTreeMap<Nanos, u64>, Vec<TokenServer>) {
         let lease = ServingLease::default();
         let rates = [1.0 + lease.max_drift, 1.0 - lease.max_drift, 1.0];
         let clock = |i: usize, t: Nanos| Now {
@@ -308,7 +411,8 @@ mod tests {
             .collect();
         let mut admitted: BTreeMap<Nanos, u64> = BTreeMap::new();
         let within = |w: Option<(Nanos, Nanos)>, t| w.is_some_and(|(a, b)| a <= t && t < b);
-        let (kind, l) = limit();
+        let (kind, l) = limit_per(period);
+        let l_per = (kind, l);
         let mut t: Nanos = 0;
         while t < secs * S {
             t += MS;
@@ -322,15 +426,29 @@ mod tests {
                     if frozen(i) {
                         continue;
                     }
-                    let Some(Message::Renew { round, incarnation }) =
-                        servers[i].start_round(clock(i, t))
+                    let Some(Message::Renew {
+                        round,
+                        incarnation,
+                        report,
+                    }) = servers[i].start_round(clock(i, t))
                     else {
                         continue;
                     };
                     for j in (0..3).filter(|&j| j != i && reach(i, j)) {
-                        let vote = servers[j].vote(i as u32, round, incarnation, clock(j, t));
-                        if let Reply::Vote { round, vote } = vote {
-                            servers[i].tally(round, j as u32, vote, clock(i, t));
+                        let vote = servers[j].vote(
+                            i as u32,
+                            round,
+                            incarnation,
+                            report.clone(),
+                            clock(j, t),
+                        );
+                        if let Reply::Vote {
+                            round,
+                            vote,
+                            reports,
+                        } = vote
+                        {
+                            servers[i].tally(round, j as u32, vote, reports, clock(i, t));
                         }
                     }
                 }
@@ -340,11 +458,14 @@ mod tests {
                 .filter(|&i| servers[i].serving.holds(clock(i, t).mono))
                 .count();
             assert!(holding <= 1, "{holding} servers hold the lease at {t}");
+            if !t.is_multiple_of(every) {
+                continue;
+            }
             for book in &mut books {
                 let want = match book.try_local("d|user=a", kind, &l, t, 1) {
                     Local::Decided(d) => {
                         if d.allowed {
-                            *admitted.entry(t / S).or_default() += 1;
+                            *admitted.entry(t / period).or_default() += 1;
                         }
                         continue;
                     }
@@ -357,7 +478,7 @@ mod tests {
                         valid_for,
                         retry_after,
                         ..
-                    } = servers[i].grant(&request(want), Some(limit()), clock(i, t))
+                    } = servers[i].grant(&request_per(want, period), Some(l_per), clock(i, t))
                     {
                         let d = book.apply(
                             "d|user=a",
@@ -371,7 +492,7 @@ mod tests {
                             retry_after,
                         );
                         if d.allowed {
-                            *admitted.entry(t / S).or_default() += 1;
+                            *admitted.entry(t / period).or_default() += 1;
                         }
                         break;
                     }
@@ -449,6 +570,72 @@ mod tests {
         );
         assert_within_limit(&admitted);
         assert_eq!(admitted[&6], L, "{admitted:?}");
+    }
+
+    /// A limit of 1,000 per 10 s, 300 requests/s: the primary is frozen 1.2 s into a window
+    /// (about 360 granted) for 4 s. The successor counts what the primary's last report a
+    /// majority received said was spent, and the allowance beyond it — not the whole window:
+    /// the window admits most of its limit, never more.
+    #[test]
+    fn a_successor_counts_what_its_predecessor_reported_not_the_whole_window() {
+        let period = 10 * S;
+        let (admitted, servers) = run_with(
+            Faults {
+                freeze: Some((11 * S + 200 * MS, 15 * S + 200 * MS)),
+                cut: None,
+            },
+            period,
+            10 * MS,
+            22,
+        );
+        assert_within_limit(&admitted);
+        assert_eq!(
+            servers[1].status(Now::at(22 * S), 0).state,
+            ServingState::Active
+        );
+        // The window of the takeover: the limit less two allowances (50 each) and what
+        // leases lost in the freeze, not the ~400 before it.
+        assert!(admitted[&1] >= 750, "{admitted:?}");
+    }
+
+    /// Without a report (the predecessor's renewals carried none), the successor counts the
+    /// whole window as spent, as before.
+    #[test]
+    fn without_reports_a_takeover_counts_everything_the_rule_allowed() {
+        let mut g = Grants::new(GrantConfig::default());
+        let (kind, l) = limit_per(10 * S);
+        g.take_over(Some(12 * S), Vec::new());
+        assert!(matches!(
+            g.grant("k", kind, &l, 5, 1, 0, 12 * S),
+            Reply::Grant { granted: 0, .. }
+        ));
+        // With a report of 300 spent at 11.9 s: 300 and two allowances (50) counted.
+        let mut g = Grants::new(GrantConfig::default());
+        let report = Report {
+            holder: 0,
+            at: 11 * S + 900 * MS,
+            complete: true,
+            keys: vec![super::super::Spent {
+                key: "k".into(),
+                algorithm: kind.name().into(),
+                used: 300,
+            }],
+        };
+        g.take_over(Some(12 * S), vec![report]);
+        let mut total = 0;
+        while let Reply::Grant { granted, .. } = g.grant("k", kind, &l, 1000, 1, 0, 12 * S) {
+            if granted == 0 {
+                break;
+            }
+            total += granted;
+            g.acked(0);
+            // Each report acknowledged frees the next allowance.
+            let r = g.report(1, 1, 12 * S);
+            assert!(r.complete);
+            g.acked(1);
+        }
+        // The report, the latest holder's allowance, and the reporting holder's.
+        assert_eq!(total, L - 300 - 2 * 50);
     }
 
     #[test]

@@ -11,14 +11,16 @@
 //!   algorithm; a grant of `n` permits is a decision of cost `n` on it) and the replay
 //!   window ([`replay`]).
 //! - [`LeaseBook`] (`book`), the pure client side: per key the permits of the current lease,
-//!   the measured consumption rate, the size to ask for next, the fallback share and its debt.
+//!   the measured consumption rate and the size to ask for next.
 //! - [`TokenClient`] (`client`), the async client a node's engine calls
-//!   ([`crate::Engine::attach_token_server`]): answers from its lease, asks the server when the
-//!   lease runs out, and while no server grants within the timeout decides locally — from its
-//!   lease alone while the lease lasts, then with `1/N` of the limit on a state that already
-//!   counts what the node took from leases (seed 002 §4.4(4)) — probing one request per
-//!   100 ms. What the share admits is owed: the key's next grant request carries it
-//!   ([`GrantRequest::charge`]) and the server counts it before it grants.
+//!   ([`crate::Engine::attach_token_server`]): the token servers as a
+//!   [`sluice_center::Center`] (answers from its lease, asks the server when the lease runs
+//!   out) behind the fallback every center shares ([`sluice_center::FallbackLimiter`], as
+//!   `coordination: redis` does): while no server grants within the timeout it decides
+//!   locally — from its lease alone while the lease lasts, then with `1/N` of the limit on a
+//!   state that already counts what the node took from leases (seed 002 §4.4(4)) — probing
+//!   one request per 100 ms. What the share admits is owed: the key's next grant request
+//!   carries it ([`GrantRequest::charge`]) and the server counts it before it grants.
 //! - [`TokenServerNode`] (`node`), the HTTP shell: `POST /v1/token` ([`router`]) and the
 //!   renewal loop; it reads the clocks and calls the core.
 //!
@@ -55,11 +57,11 @@ pub mod serving;
 mod transport;
 
 pub use book::{LeaseBook, Local, RequestSizing};
-pub use client::{ClientSpec, TokenClient, TokenMode, TokenStatus};
+pub use client::{ClientSpec, NotServed, TokenClient, TokenMode, TokenStatus};
 pub use core::{Now, Refusals, ServerStatus, ServingState, TokenServer};
 pub use grants::GrantConfig;
 pub use node::{RuleLimits, ServerSpec, TokenServerNode, bind, router, run};
-pub use serving::{ServingLease, Vote};
+pub use serving::{ServingLease, ServingLeaseError, Vote};
 pub use transport::CallError;
 
 use sluice_limits::Nanos;
@@ -107,7 +109,39 @@ pub enum Message {
         round: u64,
         /// The sender's incarnation.
         incarnation: u64,
+        /// What its grants spent, when it holds the lease (docs/PROTOCOL.md, "Token
+        /// server"): voters keep it and hand it to the next holder.
+        #[serde(default)]
+        report: Option<Report>,
     },
+}
+
+/// What a holder's state had spent per key at `at`, sent with its renewals: a successor
+/// counts this (and the holder's bounded allowance beyond it, [`grants::Grants`]) as spent
+/// instead of the whole window.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    /// The holder's id.
+    pub holder: u32,
+    /// When (the holder's wall clock, ns since the epoch).
+    pub at: Nanos,
+    /// Whether every key with permits spent is listed (else the most spent
+    /// [`grants::REPORT_KEYS`], and the others count as wholly spent).
+    pub complete: bool,
+    /// The keys.
+    pub keys: Vec<Spent>,
+}
+
+/// One key of a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    /// The key, as in [`GrantRequest::key`].
+    pub key: String,
+    /// The rule's algorithm, by name.
+    pub algorithm: String,
+    /// Permits the key's state counted at the report's time (granted, charged, or inherited
+    /// from a predecessor), as what a fresh state would admit less what it admits.
+    pub used: u64,
 }
 
 /// Why a server refused a request it could read.
@@ -120,7 +154,7 @@ pub enum Refusal {
 }
 
 /// A token server's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reply {
     /// Permits granted (possibly 0).
@@ -158,6 +192,9 @@ pub enum Reply {
         round: u64,
         /// The vote.
         vote: Vote,
+        /// With a vote granted: the latest report of every other holder this voter kept.
+        #[serde(default)]
+        reports: Vec<Report>,
     },
 }
 

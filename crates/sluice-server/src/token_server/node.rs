@@ -136,6 +136,10 @@ pub struct TokenServerNode {
     pool: Pool,
     origin: Instant,
     rejected: AtomicU64,
+    /// Asks the rounds for a renewal now: a grant waits for its report to reach a majority.
+    report_now: tokio::sync::Notify,
+    /// Rounds run so far (their votes counted).
+    rounds: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for TokenServerNode {
@@ -168,6 +172,8 @@ impl TokenServerNode {
             limits,
             origin,
             rejected: AtomicU64::new(0),
+            report_now: tokio::sync::Notify::new(),
+            rounds: tokio::sync::watch::Sender::new(0),
             spec,
         }))
     }
@@ -186,8 +192,11 @@ impl TokenServerNode {
         core.status(self.now(), self.rejected.load(Ordering::Relaxed))
     }
 
-    /// Answers one sealed body (the handler, without HTTP); `None`: refused (403).
-    fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+    /// Answers one sealed body (the handler, without HTTP); `None`: refused (403). A grant
+    /// held back until the holder's next report reaches a majority asks for that renewal at
+    /// once and is decided again after it (within the timeout), rather than refused for a
+    /// renewal interval.
+    async fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
         let Ok((from, payload)) = open(&self.spec.key, self.spec.id, body) else {
             self.rejected.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -200,7 +209,15 @@ impl TokenServerNode {
             Message::Grant(g) => self.limits.token_limit(&g.key),
             Message::Renew { .. } => None,
         };
-        let reply = {
+        let decide = |core: &mut TokenServer, now: Now| match &message.body {
+            Message::Grant(g) => core.grant(g, configured, now),
+            Message::Renew {
+                round,
+                incarnation,
+                report,
+            } => core.vote(from, *round, *incarnation, report.clone(), now),
+        };
+        let (mut reply, held_back) = {
             let mut core = self.core.lock();
             // Read under the lock, right before the decision: never a time from before a
             // freeze.
@@ -208,11 +225,21 @@ impl TokenServerNode {
             if core.admit(from, message.seq, now).is_err() {
                 return None;
             }
-            match &message.body {
-                Message::Grant(g) => core.grant(g, configured, now),
-                Message::Renew { round, incarnation } => core.vote(from, *round, *incarnation, now),
-            }
+            let before = core.held_back();
+            let reply = decide(&mut core, now);
+            (reply, core.held_back() > before)
         };
+        // Twice at most: the first round to end may have taken its report before this grant.
+        let mut held_back = held_back;
+        for _ in 0..2 {
+            if !held_back || !self.renewed().await {
+                break;
+            }
+            let mut core = self.core.lock();
+            let before = core.held_back();
+            reply = decide(&mut core, self.now());
+            held_back = core.held_back() > before;
+        }
         let answer = Envelope {
             seq: message.seq,
             body: reply,
@@ -221,8 +248,19 @@ impl TokenServerNode {
         seal(&self.spec.key, self.spec.id, from, &payload).ok()
     }
 
-    /// Runs the serving lease's rounds every `renew_every` until `done` completes: asks
-    /// every other server for its vote when this one should ask, and counts the votes.
+    /// Asks for a round now and waits (within the timeout) until one has run.
+    async fn renewed(&self) -> bool {
+        let mut rounds = self.rounds.subscribe();
+        let seen = *rounds.borrow_and_update();
+        self.report_now.notify_one();
+        tokio::time::timeout(self.spec.timeout, rounds.wait_for(|&r| r > seen))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Runs the serving lease's rounds every `renew_every` (and when a held-back grant asks
+    /// for one) until `done` completes: asks every other server for its vote when this one
+    /// should ask, and counts the votes.
     pub async fn campaign(self: Arc<Self>, done: impl std::future::Future<Output = ()>) {
         tokio::pin!(done);
         let every = Duration::from_nanos(self.spec.serving.renew_every.max(1));
@@ -234,6 +272,7 @@ impl TokenServerNode {
             tokio::select! {
                 () = &mut done => return,
                 _ = tick.tick() => {}
+                () = self.report_now.notified() => {}
             }
             let now = self.now();
             let message = self.core.lock().start_round(now);
@@ -261,11 +300,22 @@ impl TokenServerNode {
                 }
                 // Each vote counts as it comes: the lease runs from the round's send time.
                 while let Some(joined) = calls.join_next().await {
-                    if let Ok((from, Ok(Reply::Vote { round, vote }))) = joined {
-                        self.core.lock().tally(round, from, vote, self.now());
+                    if let Ok((
+                        from,
+                        Ok(Reply::Vote {
+                            round,
+                            vote,
+                            reports,
+                        }),
+                    )) = joined
+                    {
+                        self.core
+                            .lock()
+                            .tally(round, from, vote, reports, self.now());
                     }
                 }
             }
+            self.rounds.send_modify(|r| *r += 1);
             let state = self.core.lock().status(self.now(), 0).state;
             if was != ServingState::Standby && state == ServingState::Standby {
                 tracing::warn!(
@@ -286,7 +336,7 @@ async fn handle(State(node): State<Arc<TokenServerNode>>, body: Bytes) -> axum::
     if body.len() > MAX_MESSAGE {
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     }
-    match node.answer(&body) {
+    match node.answer(&body).await {
         Some(reply) => (
             [(http::header::CONTENT_TYPE, "application/octet-stream")],
             reply,

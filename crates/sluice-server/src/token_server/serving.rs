@@ -40,7 +40,53 @@ impl Default for ServingLease {
     }
 }
 
+/// Why a serving lease's timing was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ServingLeaseError {
+    /// A zero lease or renewal interval.
+    #[error("the serving lease and its renewal interval must be positive")]
+    Zero,
+    /// A renewal (sent every `renew_every`, answered within `timeout`) would not come back
+    /// before the lease ends: the holder would lose it between renewals.
+    #[error(
+        "the serving lease ({lease_ms} ms) must be longer than a renewal interval ({renew_ms} ms) plus the call timeout ({timeout_ms} ms), or the holder loses it between renewals"
+    )]
+    TooShort {
+        /// The lease, ms.
+        lease_ms: u64,
+        /// The renewal interval, ms.
+        renew_ms: u64,
+        /// The timeout of a renewal, ms.
+        timeout_ms: u64,
+    },
+    /// A drift bound that is not a small non-negative number.
+    #[error("the clock drift bound must be within [0, 0.1], got {0}")]
+    Drift(f64),
+}
+
 impl ServingLease {
+    /// Checks that a holder renewing every `renew_every`, each renewal answered within
+    /// `timeout`, keeps the lease between renewals.
+    ///
+    /// # Errors
+    /// [`ServingLeaseError`].
+    pub fn validate(&self, timeout: Nanos) -> Result<(), ServingLeaseError> {
+        if self.lease == 0 || self.renew_every == 0 {
+            return Err(ServingLeaseError::Zero);
+        }
+        if !(0.0..=0.1).contains(&self.max_drift) {
+            return Err(ServingLeaseError::Drift(self.max_drift));
+        }
+        if self.renew_every.saturating_add(timeout) >= self.lease {
+            return Err(ServingLeaseError::TooShort {
+                lease_ms: self.lease / 1_000_000,
+                renew_ms: self.renew_every / 1_000_000,
+                timeout_ms: timeout / 1_000_000,
+            });
+        }
+        Ok(())
+    }
+
     /// `d·(1+ρ)²`, rounded up: what waits out `d` of another clock.
     #[must_use]
     pub fn stretch(&self, d: Nanos) -> Nanos {
@@ -100,6 +146,8 @@ pub struct Serving {
     round_predecessor: Option<Nanos>,
     held_until: Nanos,
     acquisitions: u64,
+    /// The last round a majority voted for.
+    acked: u64,
     /// The holder a refusing voter named, and when (a hint for clients).
     named: Option<(u32, Nanos)>,
 }
@@ -132,6 +180,7 @@ impl Serving {
             round_predecessor: None,
             held_until: 0,
             acquisitions: 0,
+            acked: 0,
             named: None,
         })
     }
@@ -274,6 +323,7 @@ impl Serving {
         if self.round_votes.len() < self.ids.len() / 2 + 1 {
             return None;
         }
+        self.acked = round;
         let held = self.holds(now);
         self.held_until = self
             .held_until
@@ -285,6 +335,12 @@ impl Serving {
         Some(Acquired {
             predecessor_until: self.round_predecessor,
         })
+    }
+
+    /// The last round a majority voted for (0: none yet).
+    #[must_use]
+    pub fn acked_round(&self) -> u64 {
+        self.acked
     }
 
     /// This server's incarnation.
@@ -419,6 +475,24 @@ mod tests {
         let b_start = b_start.unwrap();
         assert!(a_until < b_start, "{a_until} < {b_start}");
         assert!(!a.holds(t));
+    }
+
+    #[test]
+    fn a_lease_shorter_than_a_renewal_and_its_timeout_is_refused() {
+        let ok = ServingLease::default();
+        assert_eq!(ok.validate(50 * MS), Ok(()));
+        let short = ServingLease {
+            lease: 120 * MS,
+            ..ok
+        };
+        let e = short.validate(50 * MS).unwrap_err();
+        assert!(matches!(e, ServingLeaseError::TooShort { .. }));
+        assert!(e.to_string().contains("120 ms"), "{e}");
+        let zero = ServingLease {
+            renew_every: 0,
+            ..ok
+        };
+        assert_eq!(zero.validate(50 * MS), Err(ServingLeaseError::Zero));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub(crate) mod replay;
 pub(crate) mod serve;
 pub(crate) mod settings;
 pub(crate) mod sim;
+pub(crate) mod token;
 pub(crate) mod upstream_env;
 
 /// How log lines are written.

@@ -125,37 +125,10 @@ pub(crate) struct Args {
     log_format: Option<super::LogFormat>,
     /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
     #[command(flatten)]
-    token: Box<TokenArgs>,
+    token: Box<super::token::TokenArgs>,
 }
 
-/// Flags of `coordination: token-server`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct TokenArgs {
-    /// Token servers for `coordination: token-server` rules, in order of succession:
-    /// ID=HOST:PORT,… (their token listeners; the first is the primary). Messages are
-    /// authenticated with the cluster's shared key (--peer-key-file or SLUICE_PEER_KEY).
-    #[arg(long, value_name = "LIST")]
-    token_servers: Option<String>,
-    /// This node is the token server ID of --token-servers and serves it on --token-addr.
-    #[arg(long, value_name = "ID", requires = "token_servers")]
-    token_server_id: Option<u32>,
-    /// Address of this node's token server (default: 0.0.0.0 and the port of its entry).
-    #[arg(long, value_name = "ADDR", requires = "token_server_id")]
-    token_addr: Option<SocketAddr>,
-    /// How long a decision waits for a token server before the node decides locally with
-    /// what is left of its lease, then its share.
-    #[arg(long, default_value = "50ms")]
-    token_timeout: String,
-    /// How long a batch of permits stays usable after it was asked for.
-    #[arg(long, default_value = "100ms")]
-    token_lease: String,
-    /// Nodes sharing the token-server rules: the fallback share is 1/N of each limit
-    /// (default: the cluster's size, else 1).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    token_nodes: Option<u64>,
-}
-
-fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+pub(super) fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     sluice_limits::limit::parse_duration(text)
         .map(Duration::from_nanos)
         .with_context(|| format!("{flag}: `{text}` is not a duration (e.g. 100ms, 1s)"))
@@ -215,55 +188,6 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
     spec.incarnation = start.incarnation;
     Ok(Some((spec, args.peer_addr)))
-}
-
-fn token_spec(
-    args: &Args,
-    cluster: Option<&ClusterSpec>,
-) -> anyhow::Result<Option<sluice_server::daemon::TokenSpec>> {
-    use sluice_server::token_server::{ClientSpec, ServerSpec, parse_servers};
-    let Some(list) = &args.token.token_servers else {
-        return Ok(None);
-    };
-    let servers = parse_servers(list).context("--token-servers")?;
-    let key = match cluster {
-        Some(c) => c.key.clone(),
-        None => peer_key(args.peer_key_file.as_deref())?,
-    };
-    let timeout = duration("--token-timeout", &args.token.token_timeout)?;
-    let lease = sluice_limits::clock::nanos(duration("--token-lease", &args.token.token_lease)?);
-    anyhow::ensure!(lease > 0, "--token-lease must be positive");
-    let nodes = sluice_server::daemon::fallback_nodes(args.token.token_nodes, cluster);
-    let node_id = args.node_id.or(args.token.token_server_id).unwrap_or(0);
-    let mut client = ClientSpec::new(servers.clone(), node_id, key.clone(), nodes);
-    client.timeout = timeout;
-    let server = match args.token.token_server_id {
-        Some(id) => {
-            let entry = servers
-                .iter()
-                .find(|s| s.id == id)
-                .with_context(|| format!("--token-server-id {id} is not in --token-servers"))?;
-            let addr = match args.token.token_addr {
-                Some(a) => a,
-                None => {
-                    let port = entry
-                        .authority
-                        .rsplit_once(':')
-                        .and_then(|(_, p)| p.parse::<u16>().ok())
-                        .with_context(|| {
-                            format!("token server {id}: no port in {}", entry.authority)
-                        })?;
-                    SocketAddr::from(([0, 0, 0, 0], port))
-                }
-            };
-            let mut spec = ServerSpec::new(servers.clone(), id, key);
-            spec.timeout = timeout;
-            spec.grants.lease = lease;
-            Some((spec, addr))
-        }
-        None => None,
-    };
-    Ok(Some(sluice_server::daemon::TokenSpec { client, server }))
 }
 
 /// `args` again, with the settings file's values applied under the command line's flags
@@ -327,7 +251,12 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         w => Some(duration("--watch", w)?),
     };
     let cluster = cluster_spec(args)?;
-    let token = token_spec(args, cluster.as_ref().map(|(c, _)| c))?;
+    let token = super::token::token_spec(
+        &args.token,
+        args.node_id,
+        cluster.as_ref().map(|(c, _)| c),
+        || peer_key(args.peer_key_file.as_deref()),
+    )?;
     let spec = DaemonSpec {
         source,
         grpc_addr: args.grpc_addr,
@@ -479,6 +408,40 @@ mod tests {
     }
 
     const KEY: &str = "serve-test-key-0123456789abcdef\n";
+
+    #[test]
+    fn the_serving_lease_flags_are_checked_and_reach_the_token_server() {
+        let dir = TempDir::new("token-serving");
+        let key = dir.file("key", KEY);
+        let with = |lease: &str, renew: &str| {
+            parse(&[
+                "--peer-key-file",
+                &key,
+                "--token-servers",
+                "1=127.0.0.1:7001",
+                "--token-server-id",
+                "1",
+                "--token-serving-lease",
+                lease,
+                "--token-renew-every",
+                renew,
+            ])
+        };
+        let (_, extras) = daemon_spec(&with("1s", "250ms")).unwrap();
+        let (server, _) = extras.token.unwrap().server.unwrap();
+        assert_eq!(server.serving.lease, 1_000_000_000);
+        assert_eq!(server.serving.renew_every, 250_000_000);
+        // A lease the holder would lose between renewals (100 ms + the 50 ms timeout).
+        let e = format!("{:#}", daemon_spec(&with("120ms", "100ms")).unwrap_err());
+        assert!(
+            e.contains("--token-serving-lease") && e.contains("120 ms"),
+            "{e}"
+        );
+        let e = format!("{:#}", daemon_spec(&with("1s", "1s")).unwrap_err());
+        assert!(e.contains("1000 ms"), "{e}");
+        let e = format!("{:#}", daemon_spec(&with("soon", "100ms")).unwrap_err());
+        assert!(e.contains("not a duration"), "{e}");
+    }
 
     #[test]
     fn token_server_flags_become_the_daemon_spec() {

@@ -3,9 +3,7 @@
 
 use std::collections::VecDeque;
 
-use sluice_limits::{Alignment, AnyAlgorithm, Limit, Nanos};
-
-use crate::script::charge_cap;
+use sluice_limits::{AlgorithmKind, Alignment, AnyAlgorithm, Limit, Nanos};
 
 /// Permits a node admitted on its own (a fallback's share) that its central store has not
 /// counted yet, by when they were admitted: what still weighs in the algorithm's decisions
@@ -47,8 +45,8 @@ impl Debt {
     /// The permits that still weigh in `alg`'s decisions at `now`: those of the current
     /// window (fixed window), of the last period (sliding window and log), of the time a
     /// full bucket takes to drain (buckets, GCRA), or of the warm-up's reach
-    /// ([`sluice_limits::WarmUp::reach`]) and warm-up period. At most [`charge_cap`]: a share admits
-    /// no more than that of what still weighs.
+    /// ([`sluice_limits::WarmUp::reach`]) and warm-up period. At most [`charge_cap`]: a share
+    /// admits no more than that of what still weighs.
     #[must_use]
     pub fn due(&self, alg: &AnyAlgorithm, limit: &Limit, now: Nanos) -> u64 {
         let since = weighs_since(alg, limit, now);
@@ -84,6 +82,22 @@ impl Debt {
             self.entries.pop_front();
         }
     }
+}
+
+/// The most a charge counts for `kind` under `limit`: the count for the windows, the burst
+/// for the others — what a share can have admitted of what still weighs. Below 2^53: a
+/// center may keep counts as doubles (Redis' Lua numbers).
+#[must_use]
+pub fn charge_cap(kind: AlgorithmKind, limit: &Limit) -> u64 {
+    const EXACT: u64 = (1 << 53) - 1;
+    match kind {
+        AlgorithmKind::FixedWindow
+        | AlgorithmKind::FixedWindowFirst
+        | AlgorithmKind::SlidingWindow
+        | AlgorithmKind::SlidingLog => limit.count(),
+        _ => limit.burst(),
+    }
+    .min(EXACT)
 }
 
 /// How long an admission weighs in `alg`'s decisions under `limit`, at most.

@@ -1,22 +1,21 @@
-//! Deciding locally when Redis does not answer (seed 002 §4.4(4)).
+//! Deciding locally while the center does not answer (seed 002 §4.4(4)).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sluice_limits::{Algorithm, AnyAlgorithm, AnyState, Decision, Limit, Nanos};
 
-use crate::backend::Backend;
+use crate::center::{AlgorithmId, Center, CenterError};
 use crate::debt::Debt;
-use crate::error::Error;
-use crate::script::AlgorithmId;
+use crate::share::{Share, take_what_fits};
 use crate::sweep::Sweep;
 
 /// Where decisions are being made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// By Redis (the central store).
+    /// By the center.
     Central,
-    /// Locally, since `since` (the caller's clock), because Redis did not answer.
+    /// Locally, since `since` (the caller's clock), because the center did not answer.
     Fallback {
         /// When the fallback began.
         since: Nanos,
@@ -26,13 +25,13 @@ pub enum Mode {
 /// A change of [`Mode`], returned by the call that caused it so the caller can log it
 /// once.
 #[derive(Debug)]
-pub enum Transition {
-    /// Redis stopped answering; decisions are local from now on.
+pub enum Transition<E> {
+    /// The center stopped answering; decisions are local from now on.
     ToFallback {
-        /// Why (a time out or a connection error).
-        cause: Error,
+        /// Why (a time out, a connection error, a server that does not serve).
+        cause: E,
     },
-    /// Redis answered a probe; decisions are central again.
+    /// The center answered a probe; decisions are central again.
     ToCentral {
         /// When the fallback had begun.
         fallback_since: Nanos,
@@ -42,7 +41,7 @@ pub enum Transition {
 /// Who decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// Redis.
+    /// The center (or a batch or lease taken from it).
     Central,
     /// The local limiter.
     Local,
@@ -50,57 +49,32 @@ pub enum Source {
 
 /// The answer of a [`FallbackLimiter`]: always a decision, never an error.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Outcome<E> {
     /// The decision.
     pub decision: Decision,
     /// Who made it.
     pub source: Source,
     /// The mode change this call caused, if any.
-    pub transition: Option<Transition>,
-    /// A configuration error of the central store for this rule (an algorithm or a limit
-    /// its scripts cannot run): decided locally, mode unchanged. Worth logging.
-    pub problem: Option<Error>,
+    pub transition: Option<Transition<E>>,
+    /// A configuration error of the center for this rule (e.g. an algorithm or a limit
+    /// Redis' scripts cannot run): decided locally, mode unchanged. Worth logging.
+    pub problem: Option<E>,
 }
 
-/// What share of the global limit a node enforces on its own during a fallback.
+/// A fallback's state and counters (for `/metrics` and `/v1/cluster`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Share {
-    num: u64,
-    den: u64,
-}
-
-impl Share {
-    /// `1/n` of the limit: `n` nodes splitting it evenly (at least 1 permit each).
-    #[must_use]
-    pub fn one_of(n: u64) -> Self {
-        Self {
-            num: 1,
-            den: n.max(1),
-        }
-    }
-
-    /// `num/den` of the limit (at most all of it).
-    #[must_use]
-    pub fn fraction(num: u64, den: u64) -> Self {
-        let den = den.max(1);
-        Self {
-            num: num.min(den),
-            den,
-        }
-    }
-
-    /// `limit` scaled by the share: count and burst rounded down, at least 1.
-    #[must_use]
-    pub fn apply(&self, limit: &Limit) -> Limit {
-        let scale = |x: u64| {
-            u64::try_from(u128::from(x) * u128::from(self.num) / u128::from(self.den))
-                .unwrap_or(u64::MAX)
-                .max(1)
-        };
-        Limit::from_nanos(scale(limit.count()), limit.period())
-            .and_then(|l| l.with_burst(scale(limit.burst())))
-            .unwrap_or(*limit)
-    }
+pub struct FallbackStats {
+    /// Where decisions are being made now.
+    pub mode: Mode,
+    /// When the current mode began (the caller's clock); `None` while central since the
+    /// start.
+    pub since: Option<Nanos>,
+    /// Changes of mode so far (to fallback and back count one each).
+    pub transitions: u64,
+    /// Decisions made by the center (or from a batch or lease taken from it).
+    pub decisions_central: u64,
+    /// Decisions made locally (the share, or a rule the center could not run).
+    pub decisions_local: u64,
 }
 
 /// How the fallback behaves.
@@ -110,7 +84,7 @@ pub struct FallbackConfig {
     /// the number of nodes).
     pub share: Share,
     /// During a fallback, one request per this interval (caller's clock, default 100 ms)
-    /// tries Redis again; if Redis answers, decisions are central again.
+    /// tries the center again; if it answers, decisions are central again.
     pub probe_every: Nanos,
 }
 
@@ -123,27 +97,28 @@ impl Default for FallbackConfig {
     }
 }
 
-/// A central limiter (exact or batched Redis) that decides locally while Redis does not
-/// answer.
+/// A [`Center`] (Redis exact or batched, a token server) that decides locally while the
+/// center does not answer.
 ///
-/// No call waits longer than the central store's timeout ([`crate::RedisConfig::timeout`],
-/// 50 ms by default): a call that times out is answered by the local limiter and switches
-/// to [`Mode::Fallback`]; after that only one request per
-/// [`FallbackConfig::probe_every`] tries Redis (within the same timeout) and the others
-/// are decided locally at once. Locally means: from the batch the node holds while it is
-/// valid (batched mode: its permits, nothing more, until it expires), then with the node's
-/// share of the limit. Only an answer of Redis itself ends a fallback — a probe is never
-/// answered from a batch or from an earlier refusal.
+/// No call waits longer than the center's own timeout (50 ms by default for both): a call
+/// that fails as unavailable ([`CenterError::is_unavailable`]) is answered by the local
+/// limiter and switches to [`Mode::Fallback`]; after that only one request per
+/// [`FallbackConfig::probe_every`] tries the center (within the same timeout) and the
+/// others are decided locally at once. Locally means: from the batch or lease the node
+/// holds while it is valid ([`Center::held`]: its permits, nothing more, until it expires),
+/// then with the node's share of the limit. Only an answer of the center itself ends a
+/// fallback — a probe is never answered from a batch or from an earlier refusal.
 ///
 /// **Guarantee.** The share's state counts every permit the node admits, its central ones
-/// too (as far as the share holds them), so in a window in which Redis stops answering a
-/// node admits at most `max(a, L/N)`, `a` what it admitted through Redis (`L` the limit,
-/// `1/N` the share). Every permit the share admits is owed to Redis ([`Debt`]) and charged
-/// to it, unconditionally, before the node's next central decision of the key, in the
-/// same call ([`Backend::probe`]); while that call is on its way the key is decided
-/// locally, and if it fails the debt stays (a charge that timed out may have been counted:
-/// charging it again only over-counts) and so does the fallback. So the decisions Redis
-/// takes after a node's return count what that node admitted locally.
+/// too (as far as the share holds them), so in a window in which the center stops
+/// answering a node admits at most `max(a, L/N)`, `a` what it admitted through the center
+/// (`L` the limit, `1/N` the share). Every permit the share admits is owed to the center
+/// ([`Debt`]) and charged to it, unconditionally, before the node's next central decision
+/// of the key, in the same call ([`Center::probe`]); while that call is on its way the key
+/// is decided locally, and if it fails the debt stays (a charge that timed out may have
+/// been counted: charging it again only over-counts) and so does the fallback. So the
+/// decisions the center takes after a node's return count what that node admitted
+/// locally.
 #[derive(Debug)]
 pub struct FallbackLimiter<B> {
     central: B,
@@ -153,11 +128,22 @@ pub struct FallbackLimiter<B> {
     fallback_since: AtomicU64,
     next_probe: AtomicU64,
     probing: AtomicBool,
-    /// Some key may owe Redis or have a charge on its way: a central call must look at its
-    /// key's debt before it asks. Set under the keys' lock with every debt; cleared under it
-    /// by a sweep that finds none, so the usual central call (nothing owed anywhere) asks
-    /// Redis without taking the lock first.
+    /// Some key may owe the center or have a charge on its way: a central call must look
+    /// at its key's debt before it asks. Set under the keys' lock with every debt; cleared
+    /// under it by a sweep that finds none, so the usual central call (nothing owed
+    /// anywhere) asks the center without taking the lock first.
     owing: AtomicBool,
+    counters: Counters,
+}
+
+/// What [`FallbackStats`] counts.
+#[derive(Debug, Default)]
+struct Counters {
+    /// 0: never changed; else the time of the last change + 1.
+    changed_at: AtomicU64,
+    transitions: AtomicU64,
+    central: AtomicU64,
+    local: AtomicU64,
 }
 
 /// A key's share state and debt, per algorithm (its parameters included) and key.
@@ -176,16 +162,16 @@ struct KeyState {
     limit: Limit,
     share: Limit,
     /// The node's share of the limit: its local admissions, and its central ones as far as
-    /// the share holds them (so a share used through Redis is not spent again locally).
+    /// the share holds them (so a share used through the center is not spent again locally).
     state: AnyState,
-    /// Local admissions Redis has not counted yet.
+    /// Local admissions the center has not counted yet.
     debt: Debt,
-    /// A call charging this key's debt is on its way to Redis.
+    /// A call charging this key's debt is on its way to the center.
     charging: bool,
 }
 
 impl KeyState {
-    /// Decides on the share; an admission is owed to Redis.
+    /// Decides on the share; an admission is owed to the center.
     fn decide_owed(&mut self, now: Nanos, cost: u64) -> Decision {
         let d = self.alg.check(&mut self.state, &self.share, now, cost);
         if d.allowed {
@@ -246,17 +232,17 @@ impl Keys {
     }
 }
 
-/// What asking Redis came to.
-enum Asked {
+/// What asking the center came to.
+enum Asked<E> {
     /// A charge of the key was on its way: decided locally (and owed).
     Local(Decision),
-    /// Redis' answer, or why there was none.
-    Answer(Result<Decision, Error>),
+    /// The center's answer, or why there was none.
+    Answer(Result<Decision, E>),
 }
 
-impl<B: Backend> FallbackLimiter<B> {
+impl<C: Center> FallbackLimiter<C> {
     /// `central` with a local fallback.
-    pub fn new(central: B, config: FallbackConfig) -> Self {
+    pub fn new(central: C, config: FallbackConfig) -> Self {
         Self {
             central,
             keys: parking_lot::Mutex::new(Keys::default()),
@@ -265,12 +251,34 @@ impl<B: Backend> FallbackLimiter<B> {
             next_probe: AtomicU64::new(0),
             probing: AtomicBool::new(false),
             owing: AtomicBool::new(false),
+            counters: Counters::default(),
         }
     }
 
-    /// The central store.
-    pub fn central(&self) -> &B {
+    /// The center.
+    pub fn central(&self) -> &C {
         &self.central
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FallbackConfig {
+        &self.config
+    }
+
+    /// Where decisions are made now, since when, and how many each way so far.
+    pub fn stats(&self) -> FallbackStats {
+        let c = &self.counters;
+        let mode = self.mode();
+        FallbackStats {
+            mode,
+            since: match mode {
+                Mode::Central => c.changed_at.load(Ordering::Acquire).checked_sub(1),
+                Mode::Fallback { since } => Some(since),
+            },
+            transitions: c.transitions.load(Ordering::Relaxed),
+            decisions_central: c.central.load(Ordering::Relaxed),
+            decisions_local: c.local.load(Ordering::Relaxed),
+        }
     }
 
     /// Where decisions are being made now.
@@ -281,8 +289,8 @@ impl<B: Backend> FallbackLimiter<B> {
         }
     }
 
-    /// What `key` owes Redis at `now`: permits its share admitted that Redis has not
-    /// counted yet and that still weigh ([`Debt::due`]).
+    /// What `key` owes the center at `now`: permits its share admitted that the center has
+    /// not counted yet and that still weigh ([`Debt::due`]).
     pub fn owed(&self, alg: &AnyAlgorithm, key: &str, limit: &Limit, now: Nanos) -> u64 {
         let keys = self.keys.lock();
         keys.by_algorithm
@@ -302,7 +310,8 @@ impl<B: Backend> FallbackLimiter<B> {
         keys
     }
 
-    /// Decides on the key's share, the admission owed to Redis; the caller holds the lock.
+    /// Decides on the key's share, the admission owed to the center; the caller holds the
+    /// lock.
     fn decide_owed(&self, k: &mut KeyState, r: &Req<'_>) -> Decision {
         let d = k.decide_owed(r.now, r.cost);
         if d.allowed {
@@ -311,7 +320,7 @@ impl<B: Backend> FallbackLimiter<B> {
         d
     }
 
-    /// Decides a request; never fails, never waits longer than the central timeout.
+    /// Decides a request; never fails, never waits longer than the center's timeout.
     pub async fn check(
         &self,
         alg: &AnyAlgorithm,
@@ -319,7 +328,28 @@ impl<B: Backend> FallbackLimiter<B> {
         limit: &Limit,
         now: Nanos,
         cost: u64,
-    ) -> Outcome {
+    ) -> Outcome<C::Error> {
+        let out = self.decide(alg, key, limit, now, cost).await;
+        let c = &self.counters;
+        match out.source {
+            Source::Central => c.central.fetch_add(1, Ordering::Relaxed),
+            Source::Local => c.local.fetch_add(1, Ordering::Relaxed),
+        };
+        if out.transition.is_some() {
+            c.transitions.fetch_add(1, Ordering::Relaxed);
+            c.changed_at.store(now.saturating_add(1), Ordering::Release);
+        }
+        out
+    }
+
+    async fn decide(
+        &self,
+        alg: &AnyAlgorithm,
+        key: &str,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Outcome<C::Error> {
         let r = Req {
             alg,
             id: AlgorithmId::of(alg),
@@ -354,16 +384,17 @@ impl<B: Backend> FallbackLimiter<B> {
                     )
                     .ok()
                     .map(|_| Transition::ToFallback { cause: e });
-                self.without_redis(&r, t)
+                self.without_center(&r, t)
             }
             Asked::Answer(Err(e)) => self.problem(&r, e),
         }
     }
 
     /// In fallback since `since`: the batch held, the share, or a probe. `None` when the
-    /// mode turned central meanwhile (a probe of another request): the caller asks Redis.
-    async fn fallback(&self, r: &Req<'_>, since: Nanos) -> Option<Outcome> {
-        // A batch still valid decides first: the node keeps to what Redis gave it.
+    /// mode turned central meanwhile (a probe of another request): the caller asks the
+    /// center.
+    async fn fallback(&self, r: &Req<'_>, since: Nanos) -> Option<Outcome<C::Error>> {
+        // A batch still valid decides first: the node keeps to what the center gave it.
         let held = self.central.held(r.alg, r.key, r.limit, r.now, r.cost);
         if let Some(d) = held.filter(|d| d.allowed) {
             self.counted_centrally(r);
@@ -383,7 +414,7 @@ impl<B: Backend> FallbackLimiter<B> {
         );
         // Cleared even if the caller drops this future mid-probe.
         let guard = ProbeGuard(&self.probing);
-        // Only an answer of Redis itself counts as its return (not the batch, nor an
+        // Only an answer of the center itself counts as its return (not the batch, nor an
         // earlier refusal); the probe charges what the key owes first.
         let asked = self.ask(r, true).await;
         drop(guard);
@@ -399,16 +430,16 @@ impl<B: Backend> FallbackLimiter<B> {
                     });
                 central(decision, transition)
             }
-            Asked::Answer(Err(e)) if e.is_unavailable() => self.without_redis(r, None),
+            Asked::Answer(Err(e)) if e.is_unavailable() => self.without_center(r, None),
             Asked::Answer(Err(e)) => self.problem(r, e),
         })
     }
 
-    /// Asks Redis (`probe`: always Redis itself), charging what the key owes first; while
-    /// another call charges the key, decides locally instead. Takes the keys' lock once
-    /// when nothing is owed (after an admission, to count it on the share; not at all after
-    /// a refusal), twice otherwise.
-    async fn ask(&self, r: &Req<'_>, probe: bool) -> Asked {
+    /// Asks the center (`probe`: always the center itself), charging what the key owes
+    /// first; while another call charges the key, decides locally instead. Takes the keys'
+    /// lock once when nothing is owed (after an admission, to count it on the share; not at
+    /// all after a refusal), twice otherwise.
+    async fn ask(&self, r: &Req<'_>, probe: bool) -> Asked<C::Error> {
         let owed = if probe || self.owing.load(Ordering::Acquire) {
             let mut keys = self.keys(r.now);
             match keys.get(r) {
@@ -461,17 +492,17 @@ impl<B: Backend> FallbackLimiter<B> {
         Asked::Answer(answer)
     }
 
-    /// A permit admitted from a batch of Redis: the share counts it (as far as it holds).
+    /// A permit admitted from a batch or lease: the share counts it (as far as it holds).
     fn counted_centrally(&self, r: &Req<'_>) {
         if let Some(k) = self.keys(r.now).get(r) {
             take_what_fits(r.alg, &mut k.state, &r.share, r.now, r.cost);
         }
     }
 
-    /// In fallback, without asking Redis: the node's share, the admission owed. `None` if
-    /// the mode is central again and no charge of the key is on its way: then only a
+    /// In fallback, without asking the center: the node's share, the admission owed. `None`
+    /// if the mode is central again and no charge of the key is on its way: then only a
     /// central decision may follow what the key owes.
-    fn share_if_fallback(&self, r: &Req<'_>) -> Option<Outcome> {
+    fn share_if_fallback(&self, r: &Req<'_>) -> Option<Outcome<C::Error>> {
         let mut keys = self.keys(r.now);
         // Under the lock: a call that takes the key's debt after this sees this admission.
         let k = keys.get(r)?;
@@ -481,8 +512,12 @@ impl<B: Backend> FallbackLimiter<B> {
         Some(local(self.decide_owed(k, r), None, None))
     }
 
-    /// Redis did not answer: the batch held while it is valid, then the share, owed.
-    fn without_redis(&self, r: &Req<'_>, transition: Option<Transition>) -> Outcome {
+    /// The center did not answer: the batch held while it is valid, then the share, owed.
+    fn without_center(
+        &self,
+        r: &Req<'_>,
+        transition: Option<Transition<C::Error>>,
+    ) -> Outcome<C::Error> {
         if let Some(d) = self.central.held(r.alg, r.key, r.limit, r.now, r.cost) {
             if d.allowed {
                 self.counted_centrally(r);
@@ -498,8 +533,8 @@ impl<B: Backend> FallbackLimiter<B> {
         local(d, transition, None)
     }
 
-    /// A rule Redis cannot run: decided on the share, owed to no one.
-    fn problem(&self, r: &Req<'_>, problem: Error) -> Outcome {
+    /// A rule the center cannot run: decided on the share, owed to no one.
+    fn problem(&self, r: &Req<'_>, problem: C::Error) -> Outcome<C::Error> {
         let d = match self.keys(r.now).get(r) {
             Some(k) => k.alg.check(&mut k.state, &r.share, r.now, r.cost),
             None => r
@@ -510,7 +545,7 @@ impl<B: Backend> FallbackLimiter<B> {
     }
 }
 
-/// A key's debt on its way to Redis: put back, and the key's charge marked done, unless
+/// A key's debt on its way to the center: put back, and the key's charge marked done, unless
 /// the call succeeded (`owed` taken).
 struct Pending<'a> {
     keys: &'a parking_lot::Mutex<Keys>,
@@ -536,39 +571,12 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// Counts `n` permits admitted elsewhere (by the central store, or by another node) on a
-/// local `state` of `alg` under `limit` at `now`, as far as the state holds them: all `n` if
-/// they fit as one admission, else as many as the state still admits, else none. Never
-/// counts past the limit, unlike [`sluice_limits::Algorithm::charge`]: a local share that
-/// follows what was admitted elsewhere must not be spent again, but need not remember more
-/// than it could have admitted itself.
-///
-/// Returns how many permits were counted (`0..=n`).
-pub fn take_what_fits(
-    alg: &AnyAlgorithm,
-    state: &mut AnyState,
-    limit: &Limit,
-    now: Nanos,
-    n: u64,
-) -> u64 {
-    if n == 0 || alg.check(state, limit, now, n).allowed {
-        return n;
-    }
-    let d = alg.peek(state, limit, now, 1);
-    let fits = if d.allowed {
-        d.remaining.saturating_add(1).min(n)
-    } else {
-        0
-    };
-    // `remaining` is an estimate for some algorithms: count only what was admitted.
-    if fits > 0 && alg.check(state, limit, now, fits).allowed {
-        return fits;
-    }
-    0
-}
-
 /// A decision of the node's share.
-fn local(decision: Decision, transition: Option<Transition>, problem: Option<Error>) -> Outcome {
+fn local<E>(
+    decision: Decision,
+    transition: Option<Transition<E>>,
+    problem: Option<E>,
+) -> Outcome<E> {
     Outcome {
         decision,
         source: Source::Local,
@@ -577,8 +585,8 @@ fn local(decision: Decision, transition: Option<Transition>, problem: Option<Err
     }
 }
 
-/// A decision of Redis, or of a batch taken from it.
-fn central(decision: Decision, transition: Option<Transition>) -> Outcome {
+/// A decision of the center, or of a batch or lease taken from it.
+fn central<E>(decision: Decision, transition: Option<Transition<E>>) -> Outcome<E> {
     Outcome {
         decision,
         source: Source::Central,
@@ -599,31 +607,74 @@ impl Drop for ProbeGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::MemoryStore;
     use sluice_limits::{AlgorithmKind, Options};
-    use std::time::Duration;
 
     const S: Nanos = 1_000_000_000;
 
-    /// A central store in memory that can be taken down, holds probes at a gate, and
-    /// remembers the charges it was sent.
-    #[derive(Default)]
-    struct Flaky {
-        store: MemoryStore,
-        down: AtomicBool,
-        charges: parking_lot::Mutex<Vec<u64>>,
-        gate: Option<tokio::sync::Semaphore>,
-    }
+    #[derive(Debug, thiserror::Error)]
+    #[error("the center does not answer")]
+    struct Down;
 
-    impl Flaky {
-        fn unavailable(&self) -> Option<Error> {
-            self.down
-                .load(Ordering::Acquire)
-                .then(|| Error::Timeout(Duration::from_millis(50)))
+    impl CenterError for Down {
+        fn is_unavailable(&self) -> bool {
+            true
         }
     }
 
-    impl Backend for Flaky {
+    /// A center in memory that can be taken down, holds probes at a gate, and remembers the
+    /// charges it was sent.
+    #[derive(Default)]
+    struct Flaky {
+        states: parking_lot::Mutex<HashMap<String, AnyState>>,
+        down: AtomicBool,
+        charges: parking_lot::Mutex<Vec<u64>>,
+        gate: Option<tokio::sync::Semaphore>,
+        /// A batch or lease taken from the center: permits left, valid until.
+        batch: parking_lot::Mutex<Option<(u64, Nanos)>>,
+    }
+
+    impl Flaky {
+        /// Decides from the batch while it is valid: its permits, then refusals until it
+        /// ends (as a batched store or a token client's lease).
+        fn batch_decision(&self, limit: &Limit, now: Nanos, cost: u64) -> Option<Decision> {
+            let mut batch = self.batch.lock();
+            let (left, until) = batch.as_mut().filter(|b| now < b.1)?;
+            if *left >= cost {
+                *left -= cost;
+                return Some(Decision::allow(limit.count(), *left, *until - now));
+            }
+            let wait = *until - now;
+            Some(Decision::deny(limit.count(), *left, wait, Some(wait)))
+        }
+
+        fn unavailable(&self) -> Option<Down> {
+            self.down.load(Ordering::Acquire).then_some(Down)
+        }
+
+        /// Counts `charge` as admitted whatever the limit says, then decides (as Redis does).
+        fn decide(
+            &self,
+            alg: &AnyAlgorithm,
+            key: &str,
+            limit: &Limit,
+            now: Nanos,
+            cost: u64,
+            charge: u64,
+        ) -> Decision {
+            let mut states = self.states.lock();
+            let state = states
+                .entry(key.to_string())
+                .or_insert_with(|| alg.new_state(limit, now));
+            if charge > 0 {
+                alg.charge(state, limit, now, charge);
+            }
+            alg.check(state, limit, now, cost)
+        }
+    }
+
+    impl Center for Flaky {
+        type Error = Down;
+
         fn check(
             &self,
             alg: &AnyAlgorithm,
@@ -631,12 +682,24 @@ mod tests {
             limit: &Limit,
             now: Nanos,
             cost: u64,
-        ) -> impl Future<Output = Result<Decision, Error>> + Send {
-            let r = match self.unavailable() {
-                Some(e) => Err(e),
-                None => Ok(self.store.decide(alg, key, limit, now, cost)),
+        ) -> impl Future<Output = Result<Decision, Down>> + Send {
+            let r = match (self.batch_decision(limit, now, cost), self.unavailable()) {
+                (Some(d), _) if d.allowed => Ok(d),
+                (_, Some(e)) => Err(e),
+                (_, None) => Ok(self.decide(alg, key, limit, now, cost, 0)),
             };
             std::future::ready(r)
+        }
+
+        fn held(
+            &self,
+            _alg: &AnyAlgorithm,
+            _key: &str,
+            limit: &Limit,
+            now: Nanos,
+            cost: u64,
+        ) -> Option<Decision> {
+            self.batch_decision(limit, now, cost)
         }
 
         async fn probe(
@@ -647,7 +710,7 @@ mod tests {
             now: Nanos,
             cost: u64,
             charge: u64,
-        ) -> Result<Decision, Error> {
+        ) -> Result<Decision, Down> {
             if let Some(gate) = &self.gate {
                 let _pass = gate.acquire().await;
             }
@@ -655,7 +718,7 @@ mod tests {
                 return Err(e);
             }
             self.charges.lock().push(charge);
-            self.store.probe(alg, key, limit, now, cost, charge).await
+            Ok(self.decide(alg, key, limit, now, cost, charge))
         }
     }
 
@@ -753,7 +816,7 @@ mod tests {
         // share and owes that too.
         let mut probe = Box::pin(f.check(&alg, "k", &l, w + S / 5, 1));
         assert!(
-            tokio::time::timeout(Duration::from_millis(20), &mut probe)
+            tokio::time::timeout(std::time::Duration::from_millis(20), &mut probe)
                 .await
                 .is_err()
         );
@@ -796,14 +859,32 @@ mod tests {
         assert_eq!(f.owed(&alg, "k", &l, t + 21 * S + S / 5), 0);
     }
 
-    #[test]
-    fn shares_round_down_but_keep_one_permit() {
-        let l = Limit::from_nanos(10, 1000).unwrap().with_burst(7).unwrap();
-        let q = Share::one_of(4).apply(&l);
-        assert_eq!((q.count(), q.burst(), q.period()), (2, 1, 1000));
-        let tiny = Share::one_of(100).apply(&l);
-        assert_eq!((tiny.count(), tiny.burst()), (1, 1));
-        let all = Share::fraction(5, 3).apply(&l);
-        assert_eq!((all.count(), all.burst()), (10, 7));
+    #[tokio::test]
+    async fn a_fallback_keeps_to_the_batch_then_to_a_share_that_counts_the_batch() {
+        let (f, alg, l) = rig(false);
+        let lease = S / 10;
+        let t = 10 * S;
+        // 30 of a 40-permit batch (or lease) used centrally.
+        *f.central.batch.lock() = Some((40, t + lease));
+        assert_eq!(admit(&f, &alg, &l, t, 30).await, (30, 0));
+        // The center is gone. While the batch is valid: its 10 permits, then refusals until
+        // it ends — not the share on top.
+        f.central.down.store(true, Ordering::Release);
+        let mid = t + lease / 2;
+        assert_eq!(admit(&f, &alg, &l, mid, 10).await, (10, 0));
+        let out = f.check(&alg, "k", &l, mid, 1).await;
+        assert!(
+            !out.decision.allowed && out.source == Source::Central,
+            "{out:?}"
+        );
+        assert_eq!(out.decision.retry_after, Some(lease / 2));
+        // After it: the share of 50, less the 40 taken from the batch in this window.
+        assert_eq!(admit(&f, &alg, &l, t + 2 * lease, 100).await, (0, 10));
+        // The next window: the whole share.
+        assert_eq!(admit(&f, &alg, &l, t + S, 100).await, (0, 50));
+        let stats = f.stats();
+        assert!(matches!(stats.mode, Mode::Fallback { .. }), "{stats:?}");
+        assert_eq!(stats.transitions, 1);
+        assert_eq!((stats.decisions_central, stats.decisions_local), (41, 200));
     }
 }
