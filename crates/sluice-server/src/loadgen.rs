@@ -1,6 +1,6 @@
 //! The load generator behind `sluice bench` (and the load of `sluice demo`): `ShouldRateLimit`
-//! calls against one or more rate limit services, over gRPC (Envoy RLS v3, Envoy's own
-//! generated client) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
+//! calls against one or more rate limit services, over gRPC (Envoy RLS v3 on Envoy's own
+//! protobuf types, as HTTP/2 POSTs: `grpc_client`) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
 //! 200 is OK, 429 is OVER_LIMIT), for a fixed duration or number of requests, with latency
 //! percentiles from an HDR histogram.
 //!
@@ -59,8 +59,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry as PbEntry,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -69,13 +67,23 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+
+// gRPC calls straight on h2, each key's request encoded once.
+mod grpc_client;
+use grpc_client::{GrpcConn, GrpcTarget};
 
 /// The placeholder replaced by the key index in descriptor keys and values.
 pub const KEY_PLACEHOLDER: &str = "{i}";
 
 /// At most this many distinct error reasons are kept; further ones are counted as "other".
 const MAX_ERROR_REASONS: usize = 16;
+
+/// Up to this many keys, each key's gRPC request is encoded once before the load (a few
+/// megabytes at most); above, every call encodes its own.
+const ENCODED_KEYS: u64 = 100_000;
+
+/// Workers share this many pairs of latency histograms at most.
+const HISTOGRAM_SHARDS: usize = 8;
 
 /// Where the load goes. Several addresses are used round robin, request by request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,14 +429,25 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         start,
     };
     let empty = new_histogram()?;
+    // Histograms shared by a few workers each: one pair per worker (256 by default, each
+    // growing to hundreds of kilobytes) cost the generator more CPU in page faults than
+    // its calls.
+    let shards: Vec<_> = (0..conns.len().min(HISTOGRAM_SHARDS))
+        .map(|_| {
+            Arc::new(Mutex::new(Latencies {
+                latency: empty.clone(),
+                service: empty.clone(),
+            }))
+        })
+        .collect();
     let mut workers = JoinSet::new();
-    for conn in conns {
+    for (w, conn) in conns.into_iter().enumerate() {
         workers.spawn(worker(
             conn,
             Arc::clone(&requests),
             Arc::clone(&shared),
             plan,
-            empty.clone(),
+            Arc::clone(&shards[w % shards.len()]),
         ));
     }
 
@@ -441,11 +460,7 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         tokio::select! {
             joined = workers.join_next() => match joined {
                 None => break,
-                Some(Ok(done)) => {
-                    // Both are auto-resizing, so adding cannot run out of range.
-                    hist.add(&done.latency).map_err(|e| LoadError::Worker(e.to_string()))?;
-                    service.add(&done.service).map_err(|e| LoadError::Worker(e.to_string()))?;
-                }
+                Some(Ok(())) => {}
                 Some(Err(e)) => return Err(LoadError::Worker(e.to_string())),
             },
             now = ticker.tick() => {
@@ -460,6 +475,15 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         }
     }
 
+    for shard in &shards {
+        let done = shard.lock();
+        // Both are auto-resizing, so adding cannot run out of range.
+        hist.add(&done.latency)
+            .map_err(|e| LoadError::Worker(e.to_string()))?;
+        service
+            .add(&done.service)
+            .map_err(|e| LoadError::Worker(e.to_string()))?;
+    }
     // Until the last worker stopped: in a duration-bound run, at least the duration.
     let p = shared.progress(start.elapsed());
     let elapsed_s = p.elapsed.as_secs_f64();
@@ -564,7 +588,8 @@ impl Plan {
     }
 }
 
-struct Done {
+/// Latencies from the due time and from the send, of the workers sharing them.
+struct Latencies {
     latency: Histogram<u64>,
     service: Histogram<u64>,
 }
@@ -580,10 +605,8 @@ async fn worker(
     requests: Arc<Requests>,
     shared: Arc<Shared>,
     plan: Plan,
-    empty: Histogram<u64>,
-) -> Done {
-    let mut latency = empty.clone();
-    let mut service = empty;
+    latencies: Arc<Mutex<Latencies>>,
+) {
     let mut body = String::new();
     loop {
         let n = shared.next.fetch_add(1, Ordering::Relaxed);
@@ -611,10 +634,10 @@ async fn worker(
             }
         };
         let from_due = end - due.unwrap_or(sent_at);
-        record(&mut latency, from_due);
-        record(&mut service, end - sent_at);
+        let mut l = latencies.lock();
+        record(&mut l.latency, from_due);
+        record(&mut l.service, end - sent_at);
     }
-    Done { latency, service }
 }
 
 fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -638,6 +661,9 @@ struct Requests {
     /// escapes contain no braces, so every placeholder of a key or value survives
     /// serialisation unchanged and none appears elsewhere.
     json_tail: Template,
+    /// The gRPC frame of key index `i`, for `i` below its length: one for every key when
+    /// they are at most [`ENCODED_KEYS`], one for all when no descriptor is templated.
+    grpc_frames: Vec<Bytes>,
 }
 
 impl Requests {
@@ -660,7 +686,7 @@ impl Requests {
                 })
                 .collect(),
         );
-        Self {
+        let mut requests = Self {
             keys: spec.keys,
             domain: spec.domain.clone(),
             descriptors: spec
@@ -674,7 +700,34 @@ impl Requests {
                 .collect(),
             json_head,
             json_tail: Template::new(&format!("{descriptors}}}")),
+            grpc_frames: Vec::new(),
+        };
+        let templated = requests
+            .descriptors
+            .iter()
+            .flatten()
+            .any(|(k, v)| k.parts.len() > 1 || v.parts.len() > 1);
+        let encoded = match (templated, spec.keys) {
+            (false, _) => 1,
+            (true, keys) if keys <= ENCODED_KEYS => keys,
+            (true, _) => 0,
+        };
+        requests.grpc_frames = (0..encoded)
+            .map(|i| grpc_client::frame(&requests.grpc(i)))
+            .collect();
+        requests
+    }
+
+    /// The gRPC frame of request `n`.
+    fn grpc_frame(&self, n: u64) -> Bytes {
+        let stored = self.grpc_frames.len() as u64;
+        if stored > 0 {
+            let i = usize::try_from(n % self.keys % stored).unwrap_or(0);
+            if let Some(f) = self.grpc_frames.get(i) {
+                return f.clone();
+            }
         }
+        grpc_client::frame(&self.grpc(n))
     }
 
     fn grpc(&self, n: u64) -> RateLimitRequest {
@@ -743,7 +796,7 @@ impl Template {
 
 /// One worker's connections: one per address, used round robin by request index.
 enum Conn {
-    Grpc(Vec<RateLimitServiceClient<Channel>>),
+    Grpc(Vec<GrpcConn>),
     Http(Vec<HttpConn>),
 }
 
@@ -759,23 +812,11 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     async fn call(&mut self, requests: &Requests, n: u64, body: &mut String) -> Outcome {
         match self {
-            Self::Grpc(clients) => {
-                let Some(client) = pick(clients, n) else {
+            Self::Grpc(conns) => {
+                let Some(conn) = pick(conns, n) else {
                     return Outcome::Error("no connection".to_owned());
                 };
-                match client.should_rate_limit(requests.grpc(n)).await {
-                    Ok(r) => match PbCode::try_from(r.get_ref().overall_code) {
-                        Ok(PbCode::Ok) => Outcome::Ok,
-                        Ok(PbCode::OverLimit) => Outcome::OverLimit,
-                        _ => Outcome::Error(format!(
-                            "response code {} (neither OK nor OVER_LIMIT)",
-                            r.get_ref().overall_code
-                        )),
-                    },
-                    Err(status) => {
-                        Outcome::Error(format!("gRPC {:?}: {}", status.code(), status.message()))
-                    }
-                }
+                conn.call(requests.grpc_frame(n)).await
             }
             Self::Http(conns) => {
                 let Some(conn) = pick(conns, n) else {
@@ -814,9 +855,9 @@ fn pick<T>(v: &mut [T], n: u64) -> Option<&mut T> {
 async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usize), LoadError> {
     match target {
         Target::Grpc(addresses) => {
-            let endpoints = addresses
+            let targets = addresses
                 .iter()
-                .map(|a| grpc_endpoint(a, spec.timeout).map(|e| (a, e)))
+                .map(|a| GrpcTarget::parse(a).map(|t| (a, t)))
                 .collect::<Result<Vec<_>, _>>()?;
             let connections = spec
                 .connections
@@ -824,16 +865,15 @@ async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usi
                 .min(spec.concurrency);
             let mut sets = Vec::with_capacity(connections);
             for _ in 0..connections {
-                let mut set = Vec::with_capacity(endpoints.len());
-                for (address, endpoint) in &endpoints {
-                    let channel = endpoint
-                        .connect()
-                        .await
-                        .map_err(|e| LoadError::Unreachable {
+                let mut set = Vec::with_capacity(targets.len());
+                for (address, target) in &targets {
+                    let conn = target.connect(spec.timeout).await.map_err(|reason| {
+                        LoadError::Unreachable {
                             address: (*address).clone(),
-                            reason: error_chain(&e),
-                        })?;
-                    set.push(RateLimitServiceClient::new(channel));
+                            reason,
+                        }
+                    })?;
+                    set.push(conn);
                 }
                 sets.push(set);
             }
@@ -867,31 +907,6 @@ async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usi
             Ok((conns, spec.concurrency))
         }
     }
-}
-
-fn grpc_endpoint(address: &str, timeout: Duration) -> Result<Endpoint, LoadError> {
-    let bad = |reason: String| LoadError::BadAddress {
-        address: address.to_owned(),
-        reason,
-    };
-    let uri = if address.contains("://") {
-        if !address.starts_with("http://") {
-            return Err(bad(
-                "only http:// (plaintext HTTP/2) is supported, as `sluice serve` speaks".to_owned(),
-            ));
-        }
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let parsed: http::Uri = uri.parse().map_err(|e| bad(format!("{e}")))?;
-    if parsed.port_u16().is_none() {
-        return Err(bad("a port is needed (host:port)".to_owned()));
-    }
-    Ok(Endpoint::from_shared(uri)
-        .map_err(|e| bad(error_chain(&e)))?
-        .connect_timeout(timeout)
-        .tcp_nodelay(true))
 }
 
 /// A parsed HTTP base URL.
@@ -1080,6 +1095,9 @@ mod tests {
             });
             proptest::prop_assert_eq!(v, want);
             let g = r.grpc(n);
+            // The frame sent is that request, whether encoded before the load or per call.
+            let sent = <RateLimitRequest as prost::Message>::decode(&r.grpc_frame(n)[5..]).unwrap();
+            proptest::prop_assert_eq!(&sent, &g);
             proptest::prop_assert_eq!(g.domain, domain);
             let got: Vec<_> = g.descriptors[0].entries.iter()
                 .map(|e| (e.key.clone(), e.value.clone())).collect();
@@ -1149,12 +1167,7 @@ mod tests {
         let b = HttpBase::parse("http://localhost").unwrap();
         assert_eq!(b.authority, "localhost:80");
         assert_eq!(b.path, "/json");
-        let t = Duration::from_secs(1);
-        assert!(grpc_endpoint("127.0.0.1:8081", t).is_ok());
-        assert!(grpc_endpoint("http://127.0.0.1:8081", t).is_ok());
-        assert!(grpc_endpoint("https://127.0.0.1:8081", t).is_err());
-        assert!(grpc_endpoint("127.0.0.1", t).is_err());
-        assert!(grpc_endpoint("not an address", t).is_err());
+        // gRPC addresses: `grpc_client::tests`.
     }
 
     #[test]

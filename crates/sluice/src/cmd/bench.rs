@@ -64,6 +64,11 @@ pub(crate) struct Args {
         conflicts_with = "vs_http"
     )]
     vs_grpc: Vec<String>,
+    /// Threads of the generator. One (the default) runs everything on a single-threaded
+    /// runtime, which batches the calls of a connection into few writes, as h2load does;
+    /// more use a multi-threaded runtime.
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    threads: usize,
     /// Also run the same load against these HTTP base URLs and report the ratios.
     #[arg(long, value_delimiter = ',', value_name = "URL[,URL..]")]
     vs_http: Vec<String>,
@@ -150,10 +155,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         None => Stop::Duration(args.duration.unwrap_or(Duration::from_secs(10))),
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    }
+    .context("cannot start the async runtime")?;
     let subject = runtime.block_on(load(&target, &spec))?;
     let baseline = match &baseline {
         Some(b) => Some(runtime.block_on(load(b, &spec))?),
