@@ -351,7 +351,8 @@ impl Daemon {
 
     /// The node's metrics registry (what `/metrics` shows), for an embedder in the same
     /// process (the demo reads the decision latency from it).
-    pub(crate) fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+    #[must_use]
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
         self.http_state.metrics()
     }
 

@@ -1,13 +1,13 @@
 //! `sluice bench`: a load generator for rate limit services over gRPC or HTTP. The load, the
-//! measurement and the comparison are `sluice_server::loadgen`; this reads the arguments and
+//! measurement and the comparison are `sluice_loadgen`; this reads the arguments and
 //! prints.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use sluice_limits::limit::parse_duration;
-use sluice_server::loadgen::{
-    self, Comparison, KEY_PLACEHOLDER, LoadSpec, Mode, Report, Stop, Target,
+use sluice_loadgen::{
+    self as loadgen, Comparison, KEY_PLACEHOLDER, LoadSpec, Mode, Report, Stop, Target,
 };
 
 /// Arguments of `sluice bench`.

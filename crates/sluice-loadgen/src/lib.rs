@@ -1,4 +1,7 @@
-//! The load generator behind `sluice bench` (and the load of `sluice demo`): `ShouldRateLimit`
+//! The load generator behind `sluice bench`, and `sluice demo` ([`demo`]), which runs it
+//! against five nodes; outside the daemon's library, which serves and never loads.
+//!
+//! The load generator (and the load of `sluice demo`): `ShouldRateLimit`
 //! calls against one or more rate limit services, over gRPC (Envoy RLS v3 on Envoy's own
 //! protobuf types, as HTTP/2 POSTs: `grpc_client`) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
 //! 200 is OK, 429 is OVER_LIMIT), for a fixed duration or number of requests, with latency
@@ -6,7 +9,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use sluice_server::loadgen::{self, LoadSpec, Stop, Target};
+//! use sluice_loadgen::{self as loadgen, LoadSpec, Stop, Target};
 //!
 //! # async fn example() -> Result<(), loadgen::LoadError> {
 //! let target = Target::Grpc(vec!["127.0.0.1:8081".to_owned()]);
@@ -68,6 +71,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+pub mod demo;
 // gRPC calls straight on h2, each key's request encoded once.
 mod grpc_client;
 use grpc_client::{GrpcConn, GrpcTarget};
