@@ -84,6 +84,10 @@ pub struct Extras {
     /// Most keys held per algorithm for the rules this node decides itself
     /// ([`Engine::with_max_keys`]; `None`: no cap).
     pub max_keys: Option<usize>,
+    /// Serve gRPC on this many worker threads, each with its own current-thread runtime
+    /// ([`crate::grpc::run_on_workers`]: answers batched into fewer writes); `None`: on the
+    /// caller's runtime, as the other servers.
+    pub grpc_workers: Option<std::num::NonZeroUsize>,
 }
 
 /// Sluice's opt-in differences from envoyproxy/ratelimit's answers; the default is
@@ -280,17 +284,21 @@ impl Daemon {
         }
         {
             let (engine, metrics, done) = (engine.clone(), metrics.clone(), stopped());
+            let workers = extras.grpc_workers;
             tasks.push(tokio::spawn(async move {
                 let clock = crate::grpc::UnixClock;
-                let served = crate::grpc::run_with_options(
-                    grpc,
-                    engine,
-                    clock,
-                    Some(metrics),
-                    options,
-                    done,
-                );
-                if let Err(e) = served.await {
+                let metrics = Some(metrics);
+                let served = match workers {
+                    Some(n) => {
+                        crate::grpc::run_on_workers(grpc, n, engine, clock, metrics, options, done)
+                            .await
+                    }
+                    None => {
+                        crate::grpc::run_with_options(grpc, engine, clock, metrics, options, done)
+                            .await
+                    }
+                };
+                if let Err(e) = served {
                     tracing::error!(error = %e, "gRPC server failed");
                 }
             }));
@@ -343,7 +351,8 @@ impl Daemon {
 
     /// The node's metrics registry (what `/metrics` shows), for an embedder in the same
     /// process (the demo reads the decision latency from it).
-    pub(crate) fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+    #[must_use]
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
         self.http_state.metrics()
     }
 

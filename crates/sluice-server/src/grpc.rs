@@ -36,6 +36,10 @@ use crate::engine::{
 };
 use crate::metrics::{Answer, Api, Metrics};
 
+// The service on worker threads with a current-thread runtime each (`sluice serve`).
+mod workers;
+pub use workers::run_on_workers;
+
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
 /// memory under churning keys, rarely enough to cost nothing measurable.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -247,7 +251,15 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         // Envoy treats every error status alike, so we say what it is: INVALID_ARGUMENT.
         // Only the engine call is timed: the decision latency, not the transport's.
         let start = Instant::now();
-        let decided = self.engine.should_rate_limit_async(now, &request).await;
+        let decided = if self.engine.redis().is_none() && self.engine.token_server().is_none() {
+            // What the async path does without a center, without its future: that future
+            // (Redis and token-server calls) is kilobytes, and every layer of tonic's
+            // handler moved it, the largest cost per call after HTTP/2 itself.
+            self.engine.should_rate_limit(now, &request)
+        } else {
+            // Boxed, so this handler's own future stays small (moved by each layer).
+            Box::pin(self.engine.should_rate_limit_async(now, &request)).await
+        };
         let took = start.elapsed();
         let answer = match decided {
             Ok(r) => service_answer(&request, r, &self.options),
@@ -267,12 +279,15 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
     }
 }
 
-/// Errors of [`run`].
+/// Errors of [`run`] and [`run_on_workers`].
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The gRPC server stopped on an error.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A worker thread of [`run_on_workers`] could not start, or stopped abnormally.
+    #[error("gRPC worker thread: {0}")]
+    Worker(std::io::Error),
 }
 
 /// Serves Envoy RLS v3 on `listener` with `engine`, on wall time, until `shutdown`

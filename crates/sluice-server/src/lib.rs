@@ -44,12 +44,10 @@
 pub mod cluster;
 pub mod config;
 pub mod daemon;
-pub mod demo;
 pub mod engine;
 pub mod grpc;
 pub mod http;
 pub mod lease;
-pub mod loadgen;
 pub mod metrics;
 pub mod peer;
 pub mod shares;

@@ -51,18 +51,40 @@ impl Server {
 
     /// A server deciding at the times of `clock` (the test moves it).
     async fn start_at(yaml: &str, clock: Arc<ManualClock>) -> Self {
+        Self::start_with(yaml, clock, None).await
+    }
+
+    /// As [`Server::start_at`], on `workers` threads with a runtime each
+    /// (`grpc::run_on_workers`, as `sluice serve` runs) if given.
+    async fn start_with(
+        yaml: &str,
+        clock: Arc<ManualClock>,
+        workers: Option<std::num::NonZeroUsize>,
+    ) -> Self {
         let engine = Arc::new(Engine::new(Config::from_yaml("test.yaml", yaml).unwrap()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(sluice_server::grpc::run_with_clock(
-            listener,
-            Arc::clone(&engine),
-            clock,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let done = match workers {
+            None => tokio::spawn(sluice_server::grpc::run_with_clock(
+                listener,
+                Arc::clone(&engine),
+                clock,
+                stopped,
+            )),
+            Some(n) => tokio::spawn(sluice_server::grpc::run_on_workers(
+                listener,
+                n,
+                Arc::clone(&engine),
+                clock,
+                None,
+                sluice_server::grpc::GrpcOptions::default(),
+                stopped,
+            )),
+        };
         let client = RateLimitServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
@@ -355,6 +377,70 @@ async fn shuts_down_cleanly_and_stops_listening() {
     .await;
 }
 
+/// On worker threads, connections spread over the workers share one engine (one limit),
+/// the health service answers, an unknown method is UNIMPLEMENTED, and shutdown finishes
+/// the calls and stops listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_share_the_limit_and_shut_down_cleanly() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    bounded(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let s = Server::start_with(EXAMPLE_3, clock, std::num::NonZeroUsize::new(2)).await;
+        // Four connections, handed to the two workers in turn; 10 per second per address.
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            clients.push(
+                RateLimitServiceClient::connect(format!("http://{}", s.addr))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut ok = 0;
+        for _ in 0..4 {
+            for c in &mut clients {
+                let r = ask(c, "edge_proxy_per_ip", &[&[("remote_address", "1.2.3.4")]])
+                    .await
+                    .unwrap();
+                ok += usize::from(r.overall_code == i32::from(Code::Ok));
+            }
+        }
+        assert_eq!(ok, 10, "one limit for every connection");
+        let channel = Channel::from_shared(format!("http://{}", s.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel.clone());
+        for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+            let r = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.status, i32::from(ServingStatus::Serving), "{service:?}");
+        }
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let e = grpc
+            .unary::<Vec<u8>, Vec<u8>, _>(
+                tonic::Request::new(Vec::new()),
+                http::uri::PathAndQuery::from_static("/no.such.Service/Call"),
+                Raw,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+        drop((clients, health, grpc));
+        let addr = s.addr;
+        s.stop().await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    })
+    .await;
+}
+
 /// The protobuf status a documented example's table wants at `now`.
 fn wanted(want: support::Want, now: u64) -> DescriptorStatus {
     use sluice_server::Unit as U;
@@ -407,10 +493,20 @@ fn proto_code(code: sluice_server::Code) -> Code {
 /// answer, field for field.
 #[tokio::test]
 async fn every_documented_example_through_envoys_grpc_client() {
+    every_documented_example(None).await;
+}
+
+/// The same on two worker threads with a runtime each, as `sluice serve` serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_example_on_worker_threads() {
+    every_documented_example(std::num::NonZeroUsize::new(2)).await;
+}
+
+async fn every_documented_example(workers: Option<std::num::NonZeroUsize>) {
     tokio::time::timeout(Duration::from_secs(60), async {
         for ex in support::EXAMPLES {
             let clock = Arc::new(ManualClock::new(support::T0));
-            let mut s = Server::start_at(ex.yaml, Arc::clone(&clock)).await;
+            let mut s = Server::start_with(ex.yaml, Arc::clone(&clock), workers).await;
             for (n, step) in ex.steps.iter().enumerate() {
                 let now = support::T0 + step.at;
                 clock.set(now);

@@ -1,13 +1,13 @@
 //! `sluice bench`: a load generator for rate limit services over gRPC or HTTP. The load, the
-//! measurement and the comparison are `sluice_server::loadgen`; this reads the arguments and
+//! measurement and the comparison are `sluice_loadgen`; this reads the arguments and
 //! prints.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use sluice_limits::limit::parse_duration;
-use sluice_server::loadgen::{
-    self, Comparison, KEY_PLACEHOLDER, LoadSpec, Mode, Report, Stop, Target,
+use sluice_loadgen::{
+    self as loadgen, Comparison, KEY_PLACEHOLDER, LoadSpec, Mode, Report, Stop, Target,
 };
 
 /// Arguments of `sluice bench`.
@@ -64,6 +64,11 @@ pub(crate) struct Args {
         conflicts_with = "vs_http"
     )]
     vs_grpc: Vec<String>,
+    /// Threads of the generator. One (the default) runs everything on a single-threaded
+    /// runtime, which batches the calls of a connection into few writes, as h2load does;
+    /// more use a multi-threaded runtime.
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    threads: usize,
     /// Also run the same load against these HTTP base URLs and report the ratios.
     #[arg(long, value_delimiter = ',', value_name = "URL[,URL..]")]
     vs_http: Vec<String>,
@@ -150,10 +155,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         None => Stop::Duration(args.duration.unwrap_or(Duration::from_secs(10))),
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    }
+    .context("cannot start the async runtime")?;
     let subject = runtime.block_on(load(&target, &spec))?;
     let baseline = match &baseline {
         Some(b) => Some(runtime.block_on(load(b, &spec))?),

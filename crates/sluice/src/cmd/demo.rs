@@ -1,5 +1,5 @@
 //! `sluice demo`: the README's main job. By default a real 5-node cluster on loopback
-//! (`sluice_server::demo`); `--algorithms` shows the standalone algorithms on a bursty trace.
+//! (`sluice_loadgen::demo`); `--algorithms` shows the standalone algorithms on a bursty trace.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sluice_limits::Limit;
-use sluice_server::demo::{self, DemoSpec};
+use sluice_loadgen::demo::{self, DemoSpec};
 use sluice_sim::chart::LineChart;
 use sluice_sim::showcase;
 

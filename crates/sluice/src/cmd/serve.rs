@@ -3,6 +3,7 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -119,6 +120,10 @@ pub(crate) struct Args {
     /// more burst than it would have (counted in /metrics as forced evictions).
     #[arg(long, value_name = "N", default_value = "1000000")]
     max_keys: usize,
+    /// gRPC worker threads, each with its own single-threaded runtime; connections are
+    /// handed to them in turn [default: the cores this process may use].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..1025))]
+    workers: Option<u64>,
     /// Log lines as `text` or `json` (default: envoyproxy/ratelimit's LOG_FORMAT, else
     /// text). RUST_LOG filters them (else LOG_LEVEL, else info).
     #[arg(long, value_enum)]
@@ -288,8 +293,18 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         response_dynamic_metadata: false,
         response_headers: None,
         max_keys: (args.max_keys > 0).then_some(args.max_keys),
+        grpc_workers: Some(grpc_workers(args.workers)),
     };
     Ok((spec, extras))
+}
+
+/// `--workers`, else the cores this process may run on (its CPU affinity: `taskset`).
+fn grpc_workers(given: Option<u64>) -> NonZeroUsize {
+    given
+        .and_then(|n| usize::try_from(n).ok())
+        .and_then(NonZeroUsize::new)
+        .or_else(|| std::thread::available_parallelism().ok())
+        .unwrap_or(NonZeroUsize::MIN)
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {

@@ -1,6 +1,6 @@
 //! `sluice demo`: a real cluster on loopback. Five nodes (each a full [`Daemon`]: gRPC,
 //! HTTP, peer transport over UDP, all on 127.0.0.1), one `coordination: cluster` rule, and
-//! gRPC load generators ([`crate::loadgen`], Envoy's own client) whose skewed demand moves
+//! gRPC load generators ([`crate`], Envoy's own client) whose skewed demand moves
 //! between nodes. Every second it reports the global admitted rate against the limit and
 //! each node's share; at the end, over-throttling and overshoot (as `sluice sim cluster`
 //! defines them, seed 000 §6), decisions per second and latency: the decision latency inside
@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::cluster::{ClusterSpec, PeerSpec};
-use crate::config::ConfigSource;
-use crate::daemon::{Daemon, DaemonError, DaemonSpec};
-use crate::loadgen::{self, LoadError, LoadSpec, Stop, Target};
-use crate::metrics::{Api, DecisionHistogram};
-use crate::peer::PeerKey;
+use sluice_server::cluster::{ClusterSpec, PeerSpec};
+use sluice_server::config::ConfigSource;
+use sluice_server::daemon::{Daemon, DaemonError, DaemonSpec};
+use sluice_server::metrics::{Api, DecisionHistogram};
+use sluice_server::peer::PeerKey;
+
+use crate::{LoadError, LoadSpec, Stop, Target};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -33,7 +34,7 @@ pub struct DemoSpec {
     /// The update cycle.
     pub cycle: Duration,
     /// How the nodes divide the limit (the rule's `fairness`).
-    pub fairness: crate::config::Fairness,
+    pub fairness: sluice_server::config::Fairness,
 }
 
 impl Default for DemoSpec {
@@ -43,7 +44,7 @@ impl Default for DemoSpec {
             limit: 1_000,
             phase_seconds: 14,
             cycle: Duration::from_millis(50),
-            fairness: crate::config::Fairness::default(),
+            fairness: sluice_server::config::Fairness::default(),
         }
     }
 }
@@ -188,7 +189,7 @@ pub enum DemoError {
     Metrics(#[from] std::fmt::Error),
 }
 
-fn yaml(limit: u32, fairness: crate::config::Fairness) -> String {
+fn yaml(limit: u32, fairness: sluice_server::config::Fairness) -> String {
     format!(
         "
 domain: demo
@@ -289,7 +290,7 @@ pub async fn run(
             );
             let base_e = errors.load(Ordering::Relaxed);
             runs.push(tokio::spawn(async move {
-                let r = loadgen::run(&target, &ls, |p| {
+                let r = crate::run(&target, &ls, |p| {
                     admitted[i].store(base_a + p.ok, Ordering::Relaxed);
                     offered[i].store(base_o + p.sent, Ordering::Relaxed);
                     let _ = base_e;

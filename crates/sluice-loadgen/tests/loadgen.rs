@@ -16,7 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use sluice_limits::ManualClock;
-use sluice_server::loadgen::{self, LoadError, LoadSpec, Mode, Progress, Report, Stop, Target};
+use sluice_loadgen::{self as loadgen, LoadError, LoadSpec, Mode, Progress, Report, Stop, Target};
 use sluice_server::{Config, Engine};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -1,12 +1,15 @@
-//! The load generator behind `sluice bench` (and the load of `sluice demo`): `ShouldRateLimit`
-//! calls against one or more rate limit services, over gRPC (Envoy RLS v3, Envoy's own
-//! generated client) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
+//! The load generator behind `sluice bench`, and `sluice demo` ([`demo`]), which runs it
+//! against five nodes; outside the daemon's library, which serves and never loads.
+//!
+//! The load generator (and the load of `sluice demo`): `ShouldRateLimit`
+//! calls against one or more rate limit services, over gRPC (Envoy RLS v3 on Envoy's own
+//! protobuf types, as HTTP/2 POSTs: `grpc_client`) or HTTP (`POST /json`, envoyproxy/ratelimit's JSON form of the request:
 //! 200 is OK, 429 is OVER_LIMIT), for a fixed duration or number of requests, with latency
 //! percentiles from an HDR histogram.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use sluice_server::loadgen::{self, LoadSpec, Stop, Target};
+//! use sluice_loadgen::{self as loadgen, LoadSpec, Stop, Target};
 //!
 //! # async fn example() -> Result<(), loadgen::LoadError> {
 //! let target = Target::Grpc(vec!["127.0.0.1:8081".to_owned()]);
@@ -59,23 +62,32 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry as PbEntry,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt as _, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+
+pub mod demo;
+// gRPC calls straight on h2, each key's request encoded once.
+mod grpc_client;
+use grpc_client::{GrpcConn, GrpcTarget};
+// `POST /json` over HTTP/1.1 keep-alive connections.
+mod http_client;
+use http_client::{HttpBase, HttpConn};
 
 /// The placeholder replaced by the key index in descriptor keys and values.
 pub const KEY_PLACEHOLDER: &str = "{i}";
 
 /// At most this many distinct error reasons are kept; further ones are counted as "other".
 const MAX_ERROR_REASONS: usize = 16;
+
+/// Up to this many keys, each key's gRPC request is encoded once before the load (a few
+/// megabytes at most); above, every call encodes its own.
+const ENCODED_KEYS: u64 = 100_000;
+
+/// Workers share this many pairs of latency histograms at most.
+const HISTOGRAM_SHARDS: usize = 8;
 
 /// Where the load goes. Several addresses are used round robin, request by request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,14 +433,25 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         start,
     };
     let empty = new_histogram()?;
+    // Histograms shared by a few workers each: one pair per worker (256 by default, each
+    // growing to hundreds of kilobytes) cost the generator more CPU in page faults than
+    // its calls.
+    let shards: Vec<_> = (0..conns.len().min(HISTOGRAM_SHARDS))
+        .map(|_| {
+            Arc::new(Mutex::new(Latencies {
+                latency: empty.clone(),
+                service: empty.clone(),
+            }))
+        })
+        .collect();
     let mut workers = JoinSet::new();
-    for conn in conns {
+    for (w, conn) in conns.into_iter().enumerate() {
         workers.spawn(worker(
             conn,
             Arc::clone(&requests),
             Arc::clone(&shared),
             plan,
-            empty.clone(),
+            Arc::clone(&shards[w % shards.len()]),
         ));
     }
 
@@ -441,11 +464,7 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         tokio::select! {
             joined = workers.join_next() => match joined {
                 None => break,
-                Some(Ok(done)) => {
-                    // Both are auto-resizing, so adding cannot run out of range.
-                    hist.add(&done.latency).map_err(|e| LoadError::Worker(e.to_string()))?;
-                    service.add(&done.service).map_err(|e| LoadError::Worker(e.to_string()))?;
-                }
+                Some(Ok(())) => {}
                 Some(Err(e)) => return Err(LoadError::Worker(e.to_string())),
             },
             now = ticker.tick() => {
@@ -460,6 +479,15 @@ pub async fn run<F: FnMut(&Progress) + Send>(
         }
     }
 
+    for shard in &shards {
+        let done = shard.lock();
+        // Both are auto-resizing, so adding cannot run out of range.
+        hist.add(&done.latency)
+            .map_err(|e| LoadError::Worker(e.to_string()))?;
+        service
+            .add(&done.service)
+            .map_err(|e| LoadError::Worker(e.to_string()))?;
+    }
     // Until the last worker stopped: in a duration-bound run, at least the duration.
     let p = shared.progress(start.elapsed());
     let elapsed_s = p.elapsed.as_secs_f64();
@@ -564,7 +592,8 @@ impl Plan {
     }
 }
 
-struct Done {
+/// Latencies from the due time and from the send, of the workers sharing them.
+struct Latencies {
     latency: Histogram<u64>,
     service: Histogram<u64>,
 }
@@ -580,10 +609,8 @@ async fn worker(
     requests: Arc<Requests>,
     shared: Arc<Shared>,
     plan: Plan,
-    empty: Histogram<u64>,
-) -> Done {
-    let mut latency = empty.clone();
-    let mut service = empty;
+    latencies: Arc<Mutex<Latencies>>,
+) {
     let mut body = String::new();
     loop {
         let n = shared.next.fetch_add(1, Ordering::Relaxed);
@@ -611,10 +638,10 @@ async fn worker(
             }
         };
         let from_due = end - due.unwrap_or(sent_at);
-        record(&mut latency, from_due);
-        record(&mut service, end - sent_at);
+        let mut l = latencies.lock();
+        record(&mut l.latency, from_due);
+        record(&mut l.service, end - sent_at);
     }
-    Done { latency, service }
 }
 
 fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -638,6 +665,9 @@ struct Requests {
     /// escapes contain no braces, so every placeholder of a key or value survives
     /// serialisation unchanged and none appears elsewhere.
     json_tail: Template,
+    /// The gRPC frame of key index `i`, for `i` below its length: one for every key when
+    /// they are at most [`ENCODED_KEYS`], one for all when no descriptor is templated.
+    grpc_frames: Vec<Bytes>,
 }
 
 impl Requests {
@@ -660,7 +690,7 @@ impl Requests {
                 })
                 .collect(),
         );
-        Self {
+        let mut requests = Self {
             keys: spec.keys,
             domain: spec.domain.clone(),
             descriptors: spec
@@ -674,7 +704,34 @@ impl Requests {
                 .collect(),
             json_head,
             json_tail: Template::new(&format!("{descriptors}}}")),
+            grpc_frames: Vec::new(),
+        };
+        let templated = requests
+            .descriptors
+            .iter()
+            .flatten()
+            .any(|(k, v)| k.parts.len() > 1 || v.parts.len() > 1);
+        let encoded = match (templated, spec.keys) {
+            (false, _) => 1,
+            (true, keys) if keys <= ENCODED_KEYS => keys,
+            (true, _) => 0,
+        };
+        requests.grpc_frames = (0..encoded)
+            .map(|i| grpc_client::frame(&requests.grpc(i)))
+            .collect();
+        requests
+    }
+
+    /// The gRPC frame of request `n`.
+    fn grpc_frame(&self, n: u64) -> Bytes {
+        let stored = self.grpc_frames.len() as u64;
+        if stored > 0 {
+            let i = usize::try_from(n % self.keys % stored).unwrap_or(0);
+            if let Some(f) = self.grpc_frames.get(i) {
+                return f.clone();
+            }
         }
+        grpc_client::frame(&self.grpc(n))
     }
 
     fn grpc(&self, n: u64) -> RateLimitRequest {
@@ -743,7 +800,7 @@ impl Template {
 
 /// One worker's connections: one per address, used round robin by request index.
 enum Conn {
-    Grpc(Vec<RateLimitServiceClient<Channel>>),
+    Grpc(Vec<GrpcConn>),
     Http(Vec<HttpConn>),
 }
 
@@ -759,23 +816,11 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     async fn call(&mut self, requests: &Requests, n: u64, body: &mut String) -> Outcome {
         match self {
-            Self::Grpc(clients) => {
-                let Some(client) = pick(clients, n) else {
+            Self::Grpc(conns) => {
+                let Some(conn) = pick(conns, n) else {
                     return Outcome::Error("no connection".to_owned());
                 };
-                match client.should_rate_limit(requests.grpc(n)).await {
-                    Ok(r) => match PbCode::try_from(r.get_ref().overall_code) {
-                        Ok(PbCode::Ok) => Outcome::Ok,
-                        Ok(PbCode::OverLimit) => Outcome::OverLimit,
-                        _ => Outcome::Error(format!(
-                            "response code {} (neither OK nor OVER_LIMIT)",
-                            r.get_ref().overall_code
-                        )),
-                    },
-                    Err(status) => {
-                        Outcome::Error(format!("gRPC {:?}: {}", status.code(), status.message()))
-                    }
-                }
+                conn.call(requests.grpc_frame(n)).await
             }
             Self::Http(conns) => {
                 let Some(conn) = pick(conns, n) else {
@@ -814,9 +859,9 @@ fn pick<T>(v: &mut [T], n: u64) -> Option<&mut T> {
 async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usize), LoadError> {
     match target {
         Target::Grpc(addresses) => {
-            let endpoints = addresses
+            let targets = addresses
                 .iter()
-                .map(|a| grpc_endpoint(a, spec.timeout).map(|e| (a, e)))
+                .map(|a| GrpcTarget::parse(a).map(|t| (a, t)))
                 .collect::<Result<Vec<_>, _>>()?;
             let connections = spec
                 .connections
@@ -824,16 +869,15 @@ async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usi
                 .min(spec.concurrency);
             let mut sets = Vec::with_capacity(connections);
             for _ in 0..connections {
-                let mut set = Vec::with_capacity(endpoints.len());
-                for (address, endpoint) in &endpoints {
-                    let channel = endpoint
-                        .connect()
-                        .await
-                        .map_err(|e| LoadError::Unreachable {
+                let mut set = Vec::with_capacity(targets.len());
+                for (address, target) in &targets {
+                    let conn = target.connect(spec.timeout).await.map_err(|reason| {
+                        LoadError::Unreachable {
                             address: (*address).clone(),
-                            reason: error_chain(&e),
-                        })?;
-                    set.push(RateLimitServiceClient::new(channel));
+                            reason,
+                        }
+                    })?;
+                    set.push(conn);
                 }
                 sets.push(set);
             }
@@ -869,149 +913,6 @@ async fn connect_all(target: &Target, spec: &LoadSpec) -> Result<(Vec<Conn>, usi
     }
 }
 
-fn grpc_endpoint(address: &str, timeout: Duration) -> Result<Endpoint, LoadError> {
-    let bad = |reason: String| LoadError::BadAddress {
-        address: address.to_owned(),
-        reason,
-    };
-    let uri = if address.contains("://") {
-        if !address.starts_with("http://") {
-            return Err(bad(
-                "only http:// (plaintext HTTP/2) is supported, as `sluice serve` speaks".to_owned(),
-            ));
-        }
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let parsed: http::Uri = uri.parse().map_err(|e| bad(format!("{e}")))?;
-    if parsed.port_u16().is_none() {
-        return Err(bad("a port is needed (host:port)".to_owned()));
-    }
-    Ok(Endpoint::from_shared(uri)
-        .map_err(|e| bad(error_chain(&e)))?
-        .connect_timeout(timeout)
-        .tcp_nodelay(true))
-}
-
-/// A parsed HTTP base URL.
-#[derive(Debug)]
-struct HttpBase {
-    /// `host:port`, for connecting and for the `Host` header.
-    authority: String,
-    /// `{prefix}/json`.
-    path: http::Uri,
-}
-
-impl HttpBase {
-    fn parse(address: &str) -> Result<Arc<Self>, LoadError> {
-        let bad = |reason: String| LoadError::BadAddress {
-            address: address.to_owned(),
-            reason,
-        };
-        let url = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("http://{address}")
-        };
-        let uri: http::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(
-                "only http:// is supported (no TLS in the load generator)".to_owned(),
-            ));
-        }
-        let Some(authority) = uri.authority() else {
-            return Err(bad("no host".to_owned()));
-        };
-        if uri.query().is_some() {
-            return Err(bad("a base URL takes no query".to_owned()));
-        }
-        let authority = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.host()),
-        };
-        let prefix = uri.path().trim_end_matches('/');
-        let path = format!("{prefix}/json")
-            .parse()
-            .map_err(|e| bad(format!("{e}")))?;
-        Ok(Arc::new(Self { authority, path }))
-    }
-}
-
-/// One HTTP/1.1 keep-alive connection, reopened after a failure.
-struct HttpConn {
-    base: Arc<HttpBase>,
-    sender: Option<SendRequest<Full<Bytes>>>,
-    timeout: Duration,
-}
-
-impl HttpConn {
-    async fn connect(&mut self) -> Result<(), String> {
-        let connecting = async {
-            let stream = tokio::net::TcpStream::connect(&self.base.authority)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Tiny requests: don't let Nagle hold them back.
-            stream.set_nodelay(true).map_err(|e| e.to_string())?;
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| error_chain(&e))?;
-            // Drives the connection; ends when the sender is dropped or the peer closes.
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            Ok::<_, String>(sender)
-        };
-        let sender = tokio::time::timeout(self.timeout, connecting)
-            .await
-            .map_err(|_| format!("no connection within {:?}", self.timeout))??;
-        self.sender = Some(sender);
-        Ok(())
-    }
-
-    async fn call(&mut self, body: Bytes) -> Outcome {
-        if self.sender.is_none()
-            && let Err(e) = self.connect().await
-        {
-            return Outcome::Error(format!("connect: {e}"));
-        }
-        let Some(sender) = self.sender.as_mut() else {
-            return Outcome::Error("no connection".to_owned());
-        };
-        let outcome = async {
-            sender.ready().await.map_err(|e| error_chain(&e))?;
-            let request = http::Request::post(self.base.path.clone())
-                .header(http::header::HOST, self.base.authority.as_str())
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(body))
-                .map_err(|e| e.to_string())?;
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| error_chain(&e))?;
-            let status = response.status();
-            // Read the whole body so that the connection can carry the next request.
-            response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| error_chain(&e))?;
-            Ok::<_, String>(status)
-        }
-        .await;
-        match outcome {
-            Ok(http::StatusCode::OK) => Outcome::Ok,
-            Ok(http::StatusCode::TOO_MANY_REQUESTS) => Outcome::OverLimit,
-            Ok(status) => Outcome::Error(format!("HTTP {status}")),
-            Err(e) => {
-                // The connection is in an unknown state: open a new one next time.
-                self.sender = None;
-                Outcome::Error(e)
-            }
-        }
-    }
-}
-
 /// An error with its sources (transport errors say little at the top level:
 /// "transport error").
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -1029,196 +930,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    /// Strings made of pieces that matter here: placeholders, JSON escapes, braces,
-    /// non-ASCII; at least `min` pieces.
-    fn text(min: usize) -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::strategy::Strategy as _;
-        const PIECES: [&str; 10] = [
-            "a",
-            "{i}",
-            "\"",
-            "\\",
-            "\n",
-            "\u{e9}",
-            "{",
-            "}",
-            "i",
-            "\u{1F600}",
-        ];
-        proptest::collection::vec(proptest::sample::select(&PIECES[..]), min..6)
-            .prop_map(|v| v.concat())
-    }
-
-    proptest::proptest! {
-        /// Whatever the strings (quotes, backslashes, control characters, `{i}` anywhere),
-        /// the JSON body is valid and says exactly the spec with `{i}` replaced, and the
-        /// gRPC request carries the same.
-        #[test]
-        fn bodies_are_the_spec_with_the_index_substituted(
-            domain in text(1),
-            entries in proptest::collection::vec((text(1), text(0)), 1..4),
-            keys in 1u64..1000,
-            n in 0u64..1_000_000,
-        ) {
-            let mut spec = LoadSpec::new(domain.clone(), vec![entries.clone()]);
-            spec.keys = keys;
-            let r = Requests::new(&spec);
-            let i = (n % keys).to_string();
-            let sub = |s: &str| s.replace(KEY_PLACEHOLDER, &i);
-            let mut body = String::new();
-            r.json(n, &mut body);
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let want = serde_json::json!({
-                "domain": domain,
-                "descriptors": [{"entries": entries.iter()
-                    .map(|(k, v)| serde_json::json!({"key": sub(k), "value": sub(v)}))
-                    .collect::<Vec<_>>()}],
-            });
-            proptest::prop_assert_eq!(v, want);
-            let g = r.grpc(n);
-            proptest::prop_assert_eq!(g.domain, domain);
-            let got: Vec<_> = g.descriptors[0].entries.iter()
-                .map(|e| (e.key.clone(), e.value.clone())).collect();
-            let want: Vec<_> = entries.iter().map(|(k, v)| (sub(k), sub(v))).collect();
-            proptest::prop_assert_eq!(got, want);
-        }
-    }
-
-    #[test]
-    fn template_substitutes_every_placeholder() {
-        let t = Template::new("a{i}-b{i}");
-        assert_eq!(t.render(7), "a7-b7");
-        assert_eq!(Template::new("plain").render(3), "plain");
-        assert_eq!(Template::new("{i}").render(42), "42");
-    }
-
-    #[test]
-    fn json_body_escapes_the_template_and_substitutes_the_index() {
-        let mut spec = LoadSpec::new(
-            "d\"om",
-            vec![vec![("k".into(), "v{i}".into()), ("x".into(), "y".into())]],
-        );
-        spec.keys = 10;
-        let r = Requests::new(&spec);
-        let mut body = String::new();
-        r.json(23, &mut body);
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(
-            v,
-            serde_json::json!({"domain": "d\"om", "descriptors": [{"entries": [
-                {"key": "k", "value": "v3"}, {"key": "x", "value": "y"}]}]})
-        );
-        let g = r.grpc(23);
-        assert_eq!(g.descriptors[0].entries[0].value, "v3");
-        assert_eq!(g.domain, "d\"om");
-    }
-
-    #[test]
-    fn open_loop_schedule_and_stops() {
-        let start = Instant::now();
-        let plan = Plan {
-            stop: Stop::Duration(Duration::from_secs(1)),
-            rate: Some(100.0),
-            timeout: Duration::from_secs(1),
-            start,
-        };
-        assert_eq!(plan.due(0), Some(Some(start)));
-        assert_eq!(plan.due(50), Some(Some(start + Duration::from_millis(500))));
-        assert_eq!(plan.due(99), Some(Some(start + Duration::from_millis(990))));
-        assert_eq!(plan.due(100), None);
-        let plan = Plan {
-            stop: Stop::Requests(3),
-            rate: None,
-            ..plan
-        };
-        assert_eq!(plan.due(2), Some(None));
-        assert_eq!(plan.due(3), None);
-    }
-
-    #[test]
-    fn addresses_are_checked() {
-        assert!(HttpBase::parse("https://x:1").is_err());
-        assert!(HttpBase::parse("http://x:1/?q").is_err());
-        let b = HttpBase::parse("127.0.0.1:9/api/").unwrap();
-        assert_eq!(b.authority, "127.0.0.1:9");
-        assert_eq!(b.path, "/api/json");
-        let b = HttpBase::parse("http://localhost").unwrap();
-        assert_eq!(b.authority, "localhost:80");
-        assert_eq!(b.path, "/json");
-        let t = Duration::from_secs(1);
-        assert!(grpc_endpoint("127.0.0.1:8081", t).is_ok());
-        assert!(grpc_endpoint("http://127.0.0.1:8081", t).is_ok());
-        assert!(grpc_endpoint("https://127.0.0.1:8081", t).is_err());
-        assert!(grpc_endpoint("127.0.0.1", t).is_err());
-        assert!(grpc_endpoint("not an address", t).is_err());
-    }
-
-    #[test]
-    fn invalid_specs_are_refused() {
-        let ok = LoadSpec::new("d", vec![vec![("k".into(), "v".into())]]);
-        assert!(ok.validate().is_ok());
-        let cases: Vec<fn(&mut LoadSpec)> = vec![
-            |s| s.domain.clear(),
-            |s| s.descriptors.clear(),
-            |s| s.descriptors[0].clear(),
-            |s| s.descriptors[0][0].0.clear(),
-            |s| s.keys = 0,
-            |s| s.concurrency = 0,
-            |s| s.connections = Some(0),
-            |s| s.stop = Stop::Requests(0),
-            |s| s.stop = Stop::Duration(Duration::ZERO),
-            |s| s.rate = Some(0.0),
-            |s| s.rate = Some(f64::NAN),
-            |s| s.timeout = Duration::ZERO,
-        ];
-        for (k, change) in cases.iter().enumerate() {
-            let mut s = ok.clone();
-            change(&mut s);
-            assert!(
-                matches!(s.validate(), Err(LoadError::InvalidSpec(_))),
-                "case {k}"
-            );
-        }
-    }
-
-    #[test]
-    fn comparison_is_subject_over_baseline() {
-        let lat = |p: f64| Latency {
-            count: 1,
-            mean: p,
-            p50: p,
-            p90: p,
-            p99: p,
-            p99_9: p,
-            max: p,
-        };
-        let report = |throughput: f64, p: f64| Report {
-            protocol: "grpc".into(),
-            addresses: vec![],
-            mode: Mode::ClosedLoop,
-            concurrency: 1,
-            connections: 1,
-            target_rate: None,
-            keys: 1,
-            elapsed_s: 1.0,
-            sent: 1,
-            ok: 1,
-            over_limit: 0,
-            errors: 0,
-            throughput,
-            latency_us: Some(lat(p)),
-            service_time_us: Some(lat(p)),
-            errors_by_reason: BTreeMap::new(),
-        };
-        let c = compare(&report(300.0, 10.0), &report(100.0, 40.0));
-        assert_eq!(c.throughput, Some(3.0));
-        assert_eq!(c.p99, Some(0.25));
-        let c = compare(&report(300.0, 10.0), &report(0.0, 0.0));
-        assert_eq!(c.throughput, None);
-        assert_eq!(c.p50, None);
-    }
-}
+mod tests;
