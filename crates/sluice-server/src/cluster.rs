@@ -218,6 +218,8 @@ struct Driven {
     expiry: Option<u64>,
     /// The incarnation last written to the state file.
     persisted: u64,
+    /// The incarnation last logged (a start-again is logged once).
+    logged_incarnation: u64,
 }
 
 #[derive(Debug, Default)]
@@ -328,6 +330,7 @@ impl<T: Transport> Cluster<T> {
                 gamma_auto,
                 expiry: None,
                 persisted: spec.incarnation,
+                logged_incarnation: spec.incarnation.max(1),
             }),
             shares,
             socket,
@@ -659,6 +662,17 @@ impl<T: Transport> Cluster<T> {
         self.shares
             .set_lease_until(node.lease_until().map(|end| end.saturating_sub(self.guard)));
         let inc = node.incarnation();
+        if inc > d.logged_incarnation {
+            // Fenced while cut off, or two leases without a lease: the node starts again
+            // holding its reservation (docs/PROTOCOL.md, "Starting again").
+            tracing::warn!(
+                node = self.me,
+                incarnation = inc,
+                previous = d.logged_incarnation,
+                "started again as a new incarnation: fenced by a quorum, or long without a lease"
+            );
+            d.logged_incarnation = inc;
+        }
         if inc > d.persisted
             && let Some(path) = &self.state_file
         {
