@@ -35,7 +35,9 @@ pub(crate) fn is_quorum(count: usize, has_lowest: bool, n: usize) -> bool {
 /// quorum; `None` without members.
 pub(super) fn quorum_level(members: &[NodeId], value: impl Fn(NodeId) -> u64) -> Option<u64> {
     let lowest = *members.first()?;
-    let mut vals: Vec<(u64, NodeId)> = members.iter().map(|&m| (value(m), m)).collect();
+    // Asked on every message received (the lease): no allocation for up to 16 members.
+    let mut vals = StackVec::<(u64, NodeId), 16>::new();
+    vals.extend(members.iter().map(|&m| (value(m), m)));
     vals.sort_unstable_by(|a, b| b.cmp(a));
     let mut has_lowest = false;
     for (count, &(v, m)) in vals.iter().enumerate() {
