@@ -52,6 +52,7 @@ mod send;
 mod small_map;
 
 pub use config::{Config, Fallback, LeaseState, Leases, LinkState};
+pub use membership::{Changes, MAX_LINKS, Membership};
 
 use small_map::{SmallMap, StackVec};
 
@@ -457,6 +458,8 @@ pub struct Node {
     usable_cache: Option<UsableCache>,
     /// Our part in the capacity audit (see `audit`).
     audit: audit::AuditState,
+    /// Joins, leaves and fences seen (see [`Node::membership`]).
+    changes: membership::Changes,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -531,6 +534,7 @@ impl Node {
             reclaimed: Vec::new(),
             usable_cache: None,
             audit: audit::AuditState::new(&cfg),
+            changes: membership::Changes::default(),
             cfg,
         };
         node.own_past_is_dead(now);

@@ -48,9 +48,14 @@ use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
 mod addrs;
+mod directory;
+mod discovery;
 mod gamma;
+mod join;
+mod status;
 
-pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_peers};
+pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_addr, parse_peers};
+pub use discovery::{DiscoverySpec, parse_peers_file};
 
 use addrs::Addrs;
 use gamma::{AutoGamma, apply_gamma, auto_edges, auto_gain, gain};
@@ -58,9 +63,6 @@ use gamma::{AutoGamma, apply_gamma, auto_edges, auto_gain, gain};
 use crate::engine::Engine;
 use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
 use crate::shares::{KeyRole, SCALE, Shares, key_role, scaled};
-use crate::status::{
-    ClusterInfo, ClusterStatus, DeadFloor, KeyShareStatus, MemberStatus, PeerCounters,
-};
 
 /// A peer of this node.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +121,12 @@ pub struct ClusterSpec {
     pub resolver: Arc<dyn Resolver>,
     /// How often the peers given by name are looked up again.
     pub resolve_every: Duration,
+    /// The voting members (they make the quorums and split the limit at a first start).
+    /// `None`: this node and every peer of `peers` (a cluster's founding members), or, with
+    /// no peers, the voters of the first running cluster it hears (a joiner).
+    pub members: Option<Vec<NodeId>>,
+    /// Where to find nodes whose ids are not configured (docs/PROTOCOL.md, "Membership").
+    pub discovery: DiscoverySpec,
 }
 
 impl ClusterSpec {
@@ -139,7 +147,25 @@ impl ClusterSpec {
             state_file: None,
             resolver: Arc::new(SystemResolver),
             resolve_every: RESOLVE_EVERY,
+            members: None,
+            discovery: DiscoverySpec::default(),
         }
+    }
+
+    /// The voting members this spec starts with (see [`ClusterSpec::members`]), sorted.
+    fn voters(&self) -> Vec<NodeId> {
+        let mut m = match &self.members {
+            Some(m) => m.clone(),
+            None if self.peers.is_empty() => Vec::new(),
+            None => {
+                let mut m: Vec<NodeId> = self.peers.iter().map(|p| p.id).collect();
+                m.push(self.node_id);
+                m
+            }
+        };
+        m.sort_unstable();
+        m.dedup();
+        m
     }
 }
 
@@ -201,6 +227,12 @@ pub struct Cluster<T: Transport = UdpSocket> {
     auto: Option<AutoGamma>,
     /// See [`ClusterSpec::state_file`].
     state_file: Option<std::path::PathBuf>,
+    /// What the node is built from, to build it again when a joiner adopts the voters of
+    /// the cluster it joins (see `join`).
+    spec: ClusterSpec,
+    /// Addresses discovery proposes (see `discovery`).
+    candidates: Arc<discovery::Candidates>,
+    prefer_v4: bool,
 }
 
 #[derive(Debug)]
@@ -220,6 +252,12 @@ struct Driven {
     persisted: u64,
     /// The incarnation last logged (a start-again is logged once).
     logged_incarnation: u64,
+    /// Some incarnation of this process held a lease (a joiner adopts voters only before).
+    ever_leased: bool,
+    /// Ticks so far (the directory goes every [`join::DIRECTORY_EVERY`]).
+    ticks: u64,
+    /// Peers whose voters differ from ours, already warned about.
+    warned: BTreeSet<NodeId>,
 }
 
 #[derive(Debug, Default)]
@@ -232,6 +270,9 @@ struct Counters {
     rejected_malformed: AtomicU64,
     rejected_version: AtomicU64,
     unaddressed: AtomicU64,
+    rejected_membership: AtomicU64,
+    directories_sent: AtomicU64,
+    directories_received: AtomicU64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -269,35 +310,23 @@ impl<T: Transport> Cluster<T> {
                 "the peer lookup interval must be positive".into(),
             ));
         }
+        if spec.peers.is_empty() && spec.discovery.is_empty() {
+            return Err(ClusterError::Invalid(
+                "a cluster needs peers: configured ones, seeds, a DNS name or a peers file".into(),
+            ));
+        }
+        if spec.members.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ClusterError::Invalid("the member list is empty".into()));
+        }
         if spec.cycle.is_zero() || spec.lease < spec.cycle * 4 {
             return Err(ClusterError::Invalid(format!(
                 "the lease ({:?}) must be at least four cycles ({:?})",
                 spec.lease, spec.cycle
             )));
         }
-        let mut members: Vec<NodeId> = peers.keys().copied().collect();
-        members.push(spec.node_id);
-        members.sort_unstable();
+        let members = spec.voters();
         let links: Vec<(NodeId, f64)> = spec.peers.iter().map(|p| (p.id, p.weight)).collect();
-        let mut cfg = NodeConfig::new(spec.node_id, members.clone(), links, SCALE);
-        cfg.incarnation = spec.incarnation.max(1);
-        // A key's measure is its rule's `fairness`, read from the key's class
-        // (`Fairness::key`): Case I for class 0, max-min and Case II for the others.
-        cfg.measure = Measure::Throttled;
-        cfg.class_measures = crate::config::Fairness::class_measures(SCALE);
-        cfg.gamma = gain(spec, &cfg.measure)?;
-        cfg.cycle = nanos(spec.cycle);
-        cfg.lease = nanos(spec.lease);
-        cfg.demand_tau = nanos(spec.cycle) * 5;
-        cfg.fallback = spec.fallback;
-        // Keys with no demand for this long give their capacity back and are forgotten
-        // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
-        cfg.idle_after = Some(nanos(spec.idle_after));
-        // A capacity audit every ten leases, and at once after a fence (docs/PROTOCOL.md "The
-        // capacity audit"); a round costs a few bytes per link.
-        cfg.audit_every = Some(nanos(spec.lease) * 10);
-        // One message must fit one datagram with its frame.
-        cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
+        let cfg = node_config(spec, members.clone(), links, spec.incarnation)?;
         let start = Instant::now();
         let node = Node::new(cfg, 1)?;
         let guard = nanos(EXPIRY_GUARD.min(spec.lease / 8));
@@ -331,6 +360,9 @@ impl<T: Transport> Cluster<T> {
                 expiry: None,
                 persisted: spec.incarnation,
                 logged_incarnation: spec.incarnation.max(1),
+                ever_leased: false,
+                ticks: 0,
+                warned: BTreeSet::new(),
             }),
             shares,
             socket,
@@ -346,6 +378,9 @@ impl<T: Transport> Cluster<T> {
             guard,
             auto,
             state_file: spec.state_file.clone(),
+            spec: spec.clone(),
+            candidates: Arc::new(discovery::Candidates::default()),
+            prefer_v4,
         }))
     }
 
@@ -398,6 +433,15 @@ impl<T: Transport> Cluster<T> {
                 self.resolve_every,
             )))
         });
+        let _discovery = (!self.spec.discovery.is_empty()).then(|| {
+            AbortOnDrop(tokio::spawn(discovery::follow(
+                self.spec.discovery.clone(),
+                self.resolver.clone(),
+                self.candidates.clone(),
+                self.prefer_v4,
+                self.resolve_every,
+            )))
+        });
         let mut tick = tokio::time::interval(self.cycle);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -417,8 +461,8 @@ impl<T: Transport> Cluster<T> {
                     self.on_expiry().await;
                 }
                 r = self.socket.recv_from(&mut buf) => {
-                    if let Ok((n, _)) = r {
-                        self.on_datagram(&buf[..n]).await;
+                    if let Ok((n, src)) = r {
+                        self.on_datagram(&buf[..n], src).await;
                     }
                 }
             }
@@ -481,8 +525,8 @@ impl<T: Transport> Cluster<T> {
                     self.on_expiry().await;
                 }
                 r = self.socket.recv_from(buf) => {
-                    if let Ok((n, _)) = r {
-                        self.on_datagram(&buf[..n]).await;
+                    if let Ok((n, src)) = r {
+                        self.on_datagram(&buf[..n], src).await;
                     }
                 }
             }
@@ -532,7 +576,12 @@ impl<T: Transport> Cluster<T> {
             self.follow_membership(&mut d, now);
             let Driven { node, rng, .. } = &mut *d;
             node.tick(now, &mut || rng.next_f64());
-            self.collect(&mut d, now)
+            let mut out = self.collect(&mut d, now);
+            d.ticks += 1;
+            if d.ticks % join::DIRECTORY_EVERY == 1 {
+                out.extend(self.directories(&mut d, now));
+            }
+            out
         };
         self.send(out).await;
     }
@@ -587,18 +636,21 @@ impl<T: Transport> Cluster<T> {
         d.live = live;
     }
 
-    async fn on_datagram(&self, datagram: &[u8]) {
-        let (from, payload) = match peer::open(&self.key, self.me, datagram) {
-            Ok(v) => v,
-            Err(_) => {
-                self.counters
-                    .rejected_unauthenticated
-                    .fetch_add(1, Ordering::Relaxed);
-                return;
-            }
+    async fn on_datagram(&self, datagram: &[u8], src: SocketAddr) {
+        let Ok((from, to, payload)) = peer::open_any(&self.key, self.me, directory::ANY, datagram)
+        else {
+            self.counters
+                .rejected_unauthenticated
+                .fetch_add(1, Ordering::Relaxed);
+            return;
         };
-        if !self.peers.contains_key(&from) {
-            // Holds the key but is not configured here: not applied either.
+        if payload.first() == Some(&directory::TAG) {
+            let out = self.on_directory(from, to, payload, src);
+            self.send(out).await;
+            return;
+        }
+        if to != self.me || from == self.me {
+            // A coordination message names its recipient.
             self.counters
                 .rejected_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
@@ -621,6 +673,17 @@ impl<T: Transport> Cluster<T> {
                 return;
             }
         };
+        // A key holder we neither configured nor learned of from a directory: only a joiner
+        // introducing itself is taken (where it sends from is where it listens: one
+        // socket); the node decides whether to link.
+        let introduces = msg.lifecycle == Lifecycle::Joining && msg.to_inc == 0;
+        let known = self.peers.contains_key(&from) || self.addrs.get(from).is_some();
+        if !known && !(introduces && self.learn(from, src, "contact")) {
+            self.counters
+                .rejected_unauthenticated
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         self.counters
             .messages_received
             .fetch_add(1, Ordering::Relaxed);
@@ -688,11 +751,11 @@ impl<T: Transport> Cluster<T> {
                 ),
             }
         }
+        if node.lease_state(now) != LeaseState::Expired {
+            d.ever_leased = true;
+        }
         let mut out = Vec::with_capacity(ready.messages.len());
         for m in ready.messages {
-            if !self.peers.contains_key(&m.to) {
-                continue;
-            }
             // A peer whose name has not resolved yet: like a lost message, it only delays.
             let Some(addr) = self.addrs.get(m.to) else {
                 self.counters.unaddressed.fetch_add(1, Ordering::Relaxed);
@@ -738,113 +801,33 @@ fn lease_end(node: &Node, now: u64) -> Option<u64> {
     node.lease_until().filter(|&end| end > now)
 }
 
-fn lifecycle_name(l: Lifecycle) -> &'static str {
-    match l {
-        Lifecycle::Joining => "joining",
-        Lifecycle::Active => "active",
-        Lifecycle::Leaving => "leaving",
-        Lifecycle::Left => "left",
-    }
-}
-
-fn fallback_name(f: Fallback) -> String {
-    match f {
-        Fallback::None => "none".into(),
-        Fallback::Reserved(x) => format!("reserved:{x}"),
-        Fallback::LastShare => "last-share".into(),
-    }
-}
-
-impl<T: Transport> ClusterInfo for Cluster<T> {
-    fn status(&self) -> ClusterStatus {
-        let d = self.node.lock();
-        // What the engine enforces: the shares are computed `guard` ahead (see `collect`).
-        let now = self.now().saturating_add(self.guard);
-        let node = &d.node;
-        let cfg = node.config();
-        let members = self
-            .peers
-            .values()
-            .map(|p| {
-                let a = self.addrs.view(p.id);
-                MemberStatus {
-                    id: p.id,
-                    addr: a.current.map(|a| a.to_string()),
-                    host: a.host,
-                    resolve_error: a.error,
-                    weight: p.weight,
-                    link: match node.link_state(p.id, now) {
-                        Some(LinkState::Up) => "up",
-                        Some(LinkState::Suspect) => "suspect",
-                        Some(LinkState::Down) | None => "down",
-                    }
-                    .into(),
-                    incarnation: node.peer_incarnation(p.id),
-                }
-            })
-            .collect();
-        let keys = node
-            .active_keys()
-            .map(|k| {
-                let units = node.enforced(k, now);
-                let global = d.rules.get(&k).copied().unwrap_or(0);
-                let (domain, rule) = self.shares.rule(k).unzip();
-                KeyShareStatus {
-                    key: format!("{k:016x}"),
-                    domain,
-                    rule,
-                    share: units as f64 / SCALE as f64,
-                    limit: scaled(global, units),
-                    global_limit: global,
-                    demand: node.demand(k) / SCALE as f64,
-                }
-            })
-            .collect();
-        let c = &self.counters;
-        ClusterStatus {
-            node_id: self.me,
-            incarnation: node.incarnation(),
-            lifecycle: lifecycle_name(node.lifecycle()).into(),
-            lease: match node.lease_state(now) {
-                LeaseState::Valid => "valid",
-                LeaseState::Expiring => "expiring",
-                LeaseState::Expired => "expired",
-            }
-            .into(),
-            fallback: fallback_name(cfg.fallback),
-            quarantine_ms: node.quarantine_until().saturating_sub(now) as f64 / 1e6,
-            gamma: cfg.gamma,
-            gamma_auto: d.gamma_auto,
-            live_members: d.live.iter().copied().collect(),
-            cycle_ms: cfg.cycle as f64 / 1e6,
-            members,
-            peers_unresolved: self.addrs.unresolved(),
-            default_share: node.default_enforced(now) as f64 / SCALE as f64,
-            keys,
-            dead: node
-                .dead_floors()
-                .iter()
-                .map(|(&node, &incarnation)| DeadFloor { node, incarnation })
-                .collect(),
-            pending_votes: node
-                .pending_votes()
-                .iter()
-                .flat_map(|(&n, v)| v.iter().map(move |(&voter, &inc)| (voter, n, inc)))
-                .collect(),
-            audit_rounds: node.audit_stats().0,
-            audit_minted_share: node.audit_stats().1 as f64 / SCALE as f64,
-            peer: PeerCounters {
-                messages_sent: c.messages_sent.load(Ordering::Relaxed),
-                bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
-                messages_received: c.messages_received.load(Ordering::Relaxed),
-                bytes_received: c.bytes_received.load(Ordering::Relaxed),
-                rejected_unauthenticated: c.rejected_unauthenticated.load(Ordering::Relaxed),
-                rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
-                rejected_version: c.rejected_version.load(Ordering::Relaxed),
-                unaddressed: c.unaddressed.load(Ordering::Relaxed),
-            },
-        }
-    }
+/// The node's configuration from `spec`, with these voters, links and incarnation.
+fn node_config(
+    spec: &ClusterSpec,
+    members: Vec<NodeId>,
+    links: Vec<(NodeId, f64)>,
+    incarnation: u64,
+) -> Result<NodeConfig, ClusterError> {
+    let mut cfg = NodeConfig::new(spec.node_id, members, links, SCALE);
+    cfg.incarnation = incarnation.max(1);
+    // A key's measure is its rule's `fairness`, read from the key's class
+    // (`Fairness::key`): Case I for class 0, max-min and Case II for the others.
+    cfg.measure = Measure::Throttled;
+    cfg.class_measures = crate::config::Fairness::class_measures(SCALE);
+    cfg.gamma = gain(spec, &cfg.measure)?;
+    cfg.cycle = nanos(spec.cycle);
+    cfg.lease = nanos(spec.lease);
+    cfg.demand_tau = nanos(spec.cycle) * 5;
+    cfg.fallback = spec.fallback;
+    // Keys with no demand for this long give their capacity back and are forgotten
+    // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.
+    cfg.idle_after = Some(nanos(spec.idle_after));
+    // A capacity audit every ten leases, and at once after a fence (docs/PROTOCOL.md "The
+    // capacity audit"); a round costs a few bytes per link.
+    cfg.audit_every = Some(nanos(spec.lease) * 10);
+    // One message must fit one datagram with its frame.
+    cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
+    Ok(cfg)
 }
 
 /// Parses a fallback mode: `none`, `reserved:F` (0 < F ≤ 1), `last-share`.

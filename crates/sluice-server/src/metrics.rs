@@ -28,7 +28,10 @@
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
-//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
+//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`, `membership`) |
+//! | `sluice_cluster_membership_changes_total` | counter | `change` (`join`, `leave`, `fence`, `refused`) |
+//! | `sluice_cluster_voters`, `sluice_cluster_members`, `sluice_cluster_discovery_candidates` | gauge | |
+//! | `sluice_peer_directories_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_cluster_peers_unresolved` | gauge | |
 //! | `sluice_peer_unaddressed_total` | counter | |
 //! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
@@ -760,20 +763,79 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         )?;
         ConstCounter::new(p.unaddressed).encode(m)?;
     }
-    let mut m = encoder.encode_descriptor(
-        "sluice_peer_rejected",
-        "Peer datagrams rejected, never applied",
-        None,
-        counter.metric_type(),
-    )?;
-    for (reason, v) in [
-        ("unauthenticated", p.rejected_unauthenticated),
-        ("malformed", p.rejected_malformed),
-        ("version", p.rejected_version),
-    ] {
-        ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
+    {
+        let mut m = encoder.encode_descriptor(
+            "sluice_peer_rejected",
+            "Peer datagrams rejected, never applied",
+            None,
+            counter.metric_type(),
+        )?;
+        for (reason, v) in [
+            ("unauthenticated", p.rejected_unauthenticated),
+            ("malformed", p.rejected_malformed),
+            ("version", p.rejected_version),
+            ("membership", p.rejected_membership),
+        ] {
+            ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
+        }
     }
-    Ok(())
+    encode_membership(encoder, s)
+}
+
+/// Who the members are and how they changed (docs/PROTOCOL.md, "Membership").
+fn encode_membership(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt::Result {
+    let ms = &s.membership;
+    let counter = ConstCounter::new(0u64);
+    {
+        let mut m = encoder.encode_descriptor(
+            "sluice_cluster_membership_changes",
+            "Membership changes seen: links made at run time (join), incarnations that left, \
+             incarnations fenced, joiners refused for want of room",
+            None,
+            counter.metric_type(),
+        )?;
+        for (change, v) in [
+            ("join", ms.joins),
+            ("leave", ms.leaves),
+            ("fence", ms.fences),
+            ("refused", ms.refused),
+        ] {
+            ConstCounter::new(v).encode(m.encode_family(&[("change", change)])?)?;
+        }
+    }
+    {
+        let mut m = encoder.encode_descriptor(
+            "sluice_peer_directories",
+            "Directories (who is in the cluster, where) sent and received",
+            None,
+            counter.metric_type(),
+        )?;
+        let p = &s.peer;
+        for (direction, v) in [
+            ("sent", p.directories_sent),
+            ("received", p.directories_received),
+        ] {
+            ConstCounter::new(v).encode(m.encode_family(&[("direction", direction)])?)?;
+        }
+    }
+    gauge(
+        encoder,
+        "sluice_cluster_voters",
+        "Voting members (they make the quorums)",
+        ms.voters.len() as f64,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_members",
+        "Nodes this node knows: configured, discovered or linked with (itself excluded)",
+        s.members.len() as f64,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_discovery_candidates",
+        "Addresses discovery proposes now (seeds, DNS records, a peers file)",
+        ms.candidates as f64,
+    )
 }
 
 /// This node's own token server: whether it serves, its lease, what it granted and refused.

@@ -8,8 +8,9 @@
 //! A datagram is `"SLC1" · from (u32 BE) · to (u32 BE) · payload · tag`, where the tag is
 //! HMAC-SHA256 over everything before it, truncated to 16 bytes (RFC 2104 §5), under a key
 //! the cluster shares. The receiver drops, and counts, any datagram whose tag does not
-//! verify, whose sender is not a configured peer, or whose `to` is not itself — a message
-//! for another node replayed here would credit this node with gifts made to someone else.
+//! verify or whose `to` is not itself (a directory may go to "whoever is there", see
+//! [`open_any`]) — a message for another node replayed here would credit this node with
+//! gifts made to someone else.
 //! A replayed authentic datagram changes nothing: its counters are stale by then.
 
 use std::future::Future;
@@ -168,6 +169,32 @@ pub fn seal(key: &PeerKey, from: u32, to: u32, payload: &[u8]) -> Result<Vec<u8>
 /// [`PeerError::NotOurs`], [`PeerError::BadTag`] or [`PeerError::WrongRecipient`]; the
 /// datagram must then be dropped.
 pub fn open<'d>(key: &PeerKey, me: u32, datagram: &'d [u8]) -> Result<(u32, &'d [u8]), PeerError> {
+    let (from, _, payload) = open_to(key, me, None, datagram)?;
+    Ok((from, payload))
+}
+
+/// [`open`], also accepting datagrams addressed to `any` (a node whose id the sender did not
+/// know yet: a directory to a discovered address); returns the sender, the recipient and the
+/// payload. The caller must accept only directories addressed to `any`: a coordination
+/// message names its recipient.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_any<'d>(
+    key: &PeerKey,
+    me: u32,
+    any: u32,
+    datagram: &'d [u8],
+) -> Result<(u32, u32, &'d [u8]), PeerError> {
+    open_to(key, me, Some(any), datagram)
+}
+
+fn open_to<'d>(
+    key: &PeerKey,
+    me: u32,
+    any: Option<u32>,
+    datagram: &'d [u8],
+) -> Result<(u32, u32, &'d [u8]), PeerError> {
     if datagram.len() < HEADER + TAG || &datagram[..4] != MAGIC {
         return Err(PeerError::NotOurs);
     }
@@ -179,10 +206,10 @@ pub fn open<'d>(key: &PeerKey, me: u32, datagram: &'d [u8]) -> Result<(u32, &'d 
         .map_err(|_| PeerError::BadTag)?;
     let word = |i: usize| u32::from_be_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
     let (from, to) = (word(4), word(8));
-    if to != me {
+    if to != me && Some(to) != any {
         return Err(PeerError::WrongRecipient(to));
     }
-    Ok((from, &body[HEADER..]))
+    Ok((from, to, &body[HEADER..]))
 }
 
 #[cfg(test)]

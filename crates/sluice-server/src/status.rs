@@ -59,6 +59,30 @@ pub struct ClusterStatus {
     pub audit_minted_share: f64,
     /// Peer transport counters.
     pub peer: PeerCounters,
+    /// Who the members are, as this node sees them (docs/PROTOCOL.md, "Membership").
+    pub membership: MembershipStatus,
+}
+
+/// The membership as one node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct MembershipStatus {
+    /// A digest of the voters, the live links' incarnations and the dead floors (16 hex
+    /// digits): nodes that see the same membership show the same version.
+    pub version: String,
+    /// The voting members (they make the quorums).
+    pub voters: Vec<u32>,
+    /// Links made at run time (joiners, nodes found by discovery or another's directory).
+    pub joins: u64,
+    /// Incarnations that left gracefully.
+    pub leaves: u64,
+    /// Incarnations fenced.
+    pub fences: u64,
+    /// Joiners refused because the node has as many links as it keeps.
+    pub refused: u64,
+    /// Addresses discovery proposes now (`--peers HOST:PORT`, `--peers-dns`, `--peers-file`).
+    pub candidates: usize,
+    /// Why discovery could not look something up, while it cannot.
+    pub discovery_errors: Vec<String>,
 }
 
 impl ClusterStatus {
@@ -85,6 +109,7 @@ impl ClusterStatus {
             audit_rounds: 0,
             audit_minted_share: 0.0,
             peer: PeerCounters::default(),
+            membership: MembershipStatus::default(),
         }
     }
 }
@@ -108,6 +133,11 @@ pub struct MemberStatus {
     pub link: String,
     /// The incarnation our link is with (0: none: never heard, or dead).
     pub incarnation: u64,
+    /// A voting member.
+    pub voter: bool,
+    /// Where this node learned of it: `peers` (configured), `dns:NAME`, `file:PATH`,
+    /// `gossip:ID` (another node's directory), `contact` (it wrote to us first).
+    pub discovered: Option<String>,
 }
 
 /// Incarnations up to `incarnation` of `node` are dead or fenced.
@@ -160,6 +190,12 @@ pub struct PeerCounters {
     pub rejected_version: u64,
     /// Messages not sent: the peer's name had not resolved yet.
     pub unaddressed: u64,
+    /// Directories refused: from a key holder that counts other voting members.
+    pub rejected_membership: u64,
+    /// Directories sent (to known nodes and discovered addresses).
+    pub directories_sent: u64,
+    /// Directories received.
+    pub directories_received: u64,
 }
 
 /// Something that can describe the cluster (the cluster driver).

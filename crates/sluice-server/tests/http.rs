@@ -660,6 +660,8 @@ fn clustered() -> ClusterStatus {
             weight: 0.5,
             link: "up".into(),
             incarnation: 1,
+            voter: true,
+            discovered: Some("peers".into()),
         },
         MemberStatus {
             id: 3,
@@ -669,6 +671,8 @@ fn clustered() -> ClusterStatus {
             weight: 0.5,
             link: "down".into(),
             incarnation: 0,
+            voter: false,
+            discovered: Some("gossip:1".into()),
         },
     ];
     s.default_share = 1.0 / 3.0;

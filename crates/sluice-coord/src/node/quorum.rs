@@ -188,7 +188,9 @@ impl Node {
             return;
         }
         for &(node, inc) in dead {
-            self.set_dead(node, inc, now);
+            if self.set_dead(node, inc, now) {
+                self.changes.fences += 1;
+            }
         }
         for &(voter, node, inc) in votes {
             if inc > self.dead.get(&node).copied().unwrap_or(0) {
@@ -216,16 +218,19 @@ impl Node {
             })
             .collect();
         for (n, v) in fenced {
-            self.set_dead(n, v, now);
+            if self.set_dead(n, v, now) {
+                self.changes.fences += 1;
+            }
         }
     }
 
     /// Incarnations up to `inc` of `node` are dead or fenced: our link with one of them is
-    /// folded into our bases and never heard again; if that is us, we start again.
-    pub(super) fn set_dead(&mut self, node: NodeId, inc: u64, now: Nanos) {
+    /// folded into our bases and never heard again; if that is us, we start again. Returns
+    /// whether the floor moved.
+    pub(super) fn set_dead(&mut self, node: NodeId, inc: u64, now: Nanos) -> bool {
         let floor = self.dead.entry(node).or_insert(0);
         if inc <= *floor {
-            return;
+            return false;
         }
         *floor = inc;
         self.dead_version = self.dead_version.wrapping_add(1);
@@ -239,7 +244,7 @@ impl Node {
             if inc >= self.inc {
                 self.reincarnate(now);
             }
-            return;
+            return true;
         }
         if self
             .links
@@ -258,7 +263,14 @@ impl Node {
             }
             self.confirms.remove(&node);
             self.usable_cache = None;
+            // A joiner that is gone leaves no link behind (memory follows the live
+            // membership); its dead floor keeps its old incarnations out, and a later one
+            // comes back as a joiner does.
+            if self.members.binary_search(&node).is_err() {
+                self.links.remove(&node);
+            }
         }
+        true
     }
 
     /// Starts again as the next incarnation holding only the reservation: what this one

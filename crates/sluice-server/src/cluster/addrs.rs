@@ -98,32 +98,36 @@ pub fn parse_peers(text: &str) -> Result<Vec<PeerSpec>, ClusterError> {
         if !(weight.is_finite() && weight > 0.0) {
             return Err(bad("the weight must be positive"));
         }
-        let addr = addr.trim();
-        let addr = match addr.parse::<SocketAddr>() {
-            Ok(a) => PeerAddr::Ip(a),
-            Err(_) => {
-                let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-                let port = port
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|&p| p != 0)
-                    .ok_or_else(|| bad("bad port"))?;
-                // An IP without a port number it parses, or an unbracketed IPv6 address.
-                if host.is_empty() || host.contains([':', '[', ']', '/', ' ']) {
-                    return Err(bad("bad host"));
-                }
-                match host.parse::<IpAddr>() {
-                    Ok(ip) => PeerAddr::Ip(SocketAddr::new(ip, port)),
-                    Err(_) => PeerAddr::Name {
-                        host: host.to_owned(),
-                        port,
-                    },
-                }
-            }
-        };
+        let addr = parse_addr(addr).map_err(bad)?;
         out.push(PeerSpec { id, addr, weight });
     }
     Ok(out)
+}
+
+/// Parses `HOST:PORT` (an IP literal, `[v6]:port`, or a host name looked up later); the
+/// error says what is wrong.
+pub fn parse_addr(addr: &str) -> Result<PeerAddr, &'static str> {
+    let addr = addr.trim();
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(PeerAddr::Ip(a));
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or("no port")?;
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or("bad port")?;
+    // An IP without a port number it parses, or an unbracketed IPv6 address.
+    if host.is_empty() || host.contains([':', '[', ']', '/', ' ']) {
+        return Err("bad host");
+    }
+    Ok(match host.parse::<IpAddr>() {
+        Ok(ip) => PeerAddr::Ip(SocketAddr::new(ip, port)),
+        Err(_) => PeerAddr::Name {
+            host: host.to_owned(),
+            port,
+        },
+    })
 }
 
 /// One peer's entry in the table.
@@ -134,6 +138,8 @@ struct Entry {
     current: Option<SocketAddr>,
     /// The last lookup's failure, while it keeps failing.
     error: Option<String>,
+    /// Where it was found: `peers` (configured), or how it was discovered at run time.
+    source: String,
 }
 
 /// What the status page shows of one peer's address.
@@ -142,6 +148,7 @@ pub(crate) struct AddrView {
     pub(crate) current: Option<SocketAddr>,
     pub(crate) host: Option<String>,
     pub(crate) error: Option<String>,
+    pub(crate) source: Option<String>,
 }
 
 /// The peers' current addresses: read by the driver for every message, written by the
@@ -167,6 +174,7 @@ impl Addrs {
                     given: p.addr.clone(),
                     current,
                     error: None,
+                    source: "peers".into(),
                 };
                 (p.id, entry)
             })
@@ -189,13 +197,61 @@ impl Addrs {
                 current: None,
                 host: None,
                 error: None,
+                source: None,
             };
         };
         AddrView {
             current: e.current,
             host: matches!(e.given, PeerAddr::Name { .. }).then(|| e.given.to_string()),
             error: e.error.clone(),
+            source: Some(e.source.clone()),
         }
+    }
+
+    /// Records where node `id` is, learned at run time (`source`: how). A configured entry
+    /// keeps its configured address (a name follows its lookups); a learned one follows the
+    /// latest authenticated sender address or directory. At most `cap` entries. Returns
+    /// whether `id` was new.
+    pub(crate) fn learn(&self, id: NodeId, addr: SocketAddr, source: &str, cap: usize) -> bool {
+        let mut entries = self.entries.write();
+        if let Some(e) = entries.get_mut(&id) {
+            if e.source != "peers" && e.current != Some(addr) {
+                tracing::info!(peer = id, addr = %addr, previous = ?e.current, source, "peer moved");
+                e.current = Some(addr);
+                e.given = PeerAddr::Ip(addr);
+            }
+            return false;
+        }
+        if entries.len() >= cap {
+            return false;
+        }
+        entries.insert(
+            id,
+            Entry {
+                given: PeerAddr::Ip(addr),
+                current: Some(addr),
+                error: None,
+                source: source.to_owned(),
+            },
+        );
+        true
+    }
+
+    /// Forgets a learned entry (a joiner that is gone); configured ones stay.
+    pub(crate) fn forget(&self, id: NodeId) {
+        let mut entries = self.entries.write();
+        if entries.get(&id).is_some_and(|e| e.source != "peers") {
+            entries.remove(&id);
+        }
+    }
+
+    /// Every node with an entry, and where messages to it go.
+    pub(crate) fn all(&self) -> Vec<(NodeId, Option<SocketAddr>)> {
+        self.entries
+            .read()
+            .iter()
+            .map(|(&id, e)| (id, e.current))
+            .collect()
     }
 
     /// Peers given by name that have not resolved yet.

@@ -99,7 +99,9 @@ pub(super) fn auto_gain(
 
 /// The gain for `spec` at start: see [`Gamma`].
 pub(super) fn gain(spec: &ClusterSpec, measure: &Measure) -> Result<f64, ClusterError> {
-    let degree: f64 = spec.peers.iter().map(|p| p.weight).sum();
+    // A node that starts with no configured peer (a joiner) gives first to one neighbour;
+    // the law caps γ by the live degree at every tick as more link with it.
+    let degree: f64 = spec.peers.iter().map(|p| p.weight).sum::<f64>().max(1.0);
     let stable = max_gain(measure, degree);
     match spec.gamma {
         Gamma::Fixed(g) => Ok(g),

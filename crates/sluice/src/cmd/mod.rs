@@ -2,6 +2,7 @@
 
 pub(crate) mod analyze;
 pub(crate) mod bench;
+pub(crate) mod cluster;
 pub(crate) mod demo;
 pub(crate) mod incarnation;
 pub(crate) mod replay;

@@ -9,11 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_server::ConfigSource;
-use sluice_server::cluster::{ClusterSpec, Gamma, parse_fallback, parse_peers};
 use sluice_server::config::RuleLeases;
 use sluice_server::daemon::{Compat, Daemon, DaemonSpec, Extras, RedisSpec};
 use sluice_server::lease::LeaseConfig;
-use sluice_server::peer::PeerKey;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -35,43 +33,59 @@ pub(crate) struct Args {
     http_addr: SocketAddr,
     /// Address of the peer transport (UDP), in a cluster.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8082")]
-    peer_addr: SocketAddr,
-    /// This node's id in the cluster (an integer; with --peers).
-    #[arg(long, value_name = "ID", requires = "peers")]
-    node_id: Option<u32>,
-    /// The members: ID=HOST:PORT[@WEIGHT],… (their peer addresses; this node's own entry, if
-    /// listed, is skipped, so every node can take the same list). Starts a cluster. A HOST
-    /// given by name need not resolve yet: it is looked up every few seconds and followed.
-    #[arg(long, value_name = "LIST", requires = "node_id")]
-    peers: Option<String>,
+    pub(super) peer_addr: SocketAddr,
+    /// This node's id in the cluster (an integer below 4294967295). Default, with discovery
+    /// (--peers HOST:PORT, --peers-dns, --peers-file): a random id, unique without
+    /// coordination.
+    #[arg(long, value_name = "ID")]
+    pub(super) node_id: Option<u32>,
+    /// The peers: ID=HOST:PORT[@WEIGHT],… (their peer addresses; this node's own entry, if
+    /// listed, is skipped, so every node can take the same list), or HOST:PORT seeds whose
+    /// ids are learned (a running cluster to join). Starts a cluster. A HOST given by name
+    /// need not resolve yet: it is looked up every few seconds and followed.
+    #[arg(long, value_name = "LIST")]
+    pub(super) peers: Option<String>,
+    /// The voting members' ids, ID,… (they make the quorums and split the limit at a first
+    /// start). Default: this node and every ID of --peers (the founding members), or, for a
+    /// node with no ID in --peers, the voters of the running cluster it finds (a joiner).
+    #[arg(long, value_name = "IDS")]
+    pub(super) members: Option<String>,
+    /// Peers from DNS: NAME:PORT, every A/AAAA record of NAME looked up again every few
+    /// seconds (a Kubernetes headless Service). Proposes candidates; the key decides.
+    #[arg(long, value_name = "NAME:PORT")]
+    pub(super) peers_dns: Option<String>,
+    /// Peers from a file of HOST:PORT entries (one per line or comma-separated, `#`
+    /// comments), read again every few seconds.
+    #[arg(long, value_name = "PATH")]
+    pub(super) peers_file: Option<PathBuf>,
     /// File holding the cluster's shared key (at least 16 bytes; e.g. `openssl rand -hex 32`).
     /// Or set SLUICE_PEER_KEY. Peer datagrams are authenticated with it (HMAC-SHA256).
     #[arg(long, value_name = "PATH")]
-    peer_key_file: Option<PathBuf>,
+    pub(super) peer_key_file: Option<PathBuf>,
     /// The gain γ: `auto` (fastest stable gain of the topology, seed 000 Thm 2) or a number.
     #[arg(long, default_value = "auto")]
-    gamma: String,
+    pub(super) gamma: String,
     /// Edge list of the cluster's communication graph (`a b [weight]` per line, as written
     /// by `sluice analyze --weights-out`), for `--gamma auto`; default: every member links
     /// every other.
     #[arg(long, value_name = "PATH")]
-    topology: Option<PathBuf>,
+    pub(super) topology: Option<PathBuf>,
     /// The update cycle.
     #[arg(long, default_value = "100ms")]
-    cycle: String,
+    pub(super) cycle: String,
     /// The lease on shared capacity (at least four cycles).
     #[arg(long, default_value = "1s")]
-    lease: String,
+    pub(super) lease: String,
     /// What a node enforces without a lease (cut off from a quorum): `none` (strict), `reserved:F`
     /// (strict, keeps fraction F of its initial share), `last-share` (available, not strict).
     #[arg(long, default_value = "none")]
-    fallback: String,
+    pub(super) fallback: String,
     /// File where the node keeps its incarnation across restarts: the first start (no file
     /// yet) is incarnation 1 and holds the node's initial share; every later start the next
     /// number, holding only its reservation until peers give it more. Without it, every
     /// start takes its incarnation from the clock (see --incarnation).
     #[arg(long, value_name = "PATH")]
-    state_file: Option<PathBuf>,
+    pub(super) state_file: Option<PathBuf>,
     /// Incarnation when there is no --state-file. Default: the wall clock in milliseconds
     /// since 1970, which only grows across restarts, so the same command line restarts a node
     /// safely: it comes back as a new incarnation holding only its reservation, and the
@@ -79,7 +93,7 @@ pub(crate) struct Args {
     /// this way begins at its whole limit once its first audit completes). `1` claims a
     /// first start (the initial share): give it only to a node that never ran before.
     #[arg(long)]
-    incarnation: Option<u64>,
+    pub(super) incarnation: Option<u64>,
     /// How often to look for changed configuration files (`off` to never reload).
     #[arg(long, default_value = "1s")]
     watch: String,
@@ -137,62 +151,6 @@ pub(super) fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     sluice_limits::limit::parse_duration(text)
         .map(Duration::from_nanos)
         .with_context(|| format!("{flag}: `{text}` is not a duration (e.g. 100ms, 1s)"))
-}
-
-fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
-    let text = match file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read the peer key file {}", f.display()))?,
-        None => std::env::var("SLUICE_PEER_KEY").map_err(|_| {
-            anyhow::anyhow!(
-                "a cluster needs a shared key: give --peer-key-file or set SLUICE_PEER_KEY"
-            )
-        })?,
-    };
-    Ok(PeerKey::from_text(&text)?)
-}
-
-fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>> {
-    let (Some(id), Some(peers)) = (args.node_id, &args.peers) else {
-        return Ok(None);
-    };
-    let mut peers = parse_peers(peers)?;
-    // One list for every member (e.g. a StatefulSet's pods share their arguments).
-    peers.retain(|p| p.id != id);
-    anyhow::ensure!(
-        !peers.is_empty(),
-        "--peers: no peer other than this node given"
-    );
-    let mut spec = ClusterSpec::new(id, peers, peer_key(args.peer_key_file.as_deref())?);
-    spec.gamma = match args.gamma.as_str() {
-        "auto" => Gamma::Auto,
-        g => Gamma::Fixed(
-            g.parse()
-                .ok()
-                .filter(|g: &f64| *g > 0.0 && g.is_finite())
-                .with_context(|| {
-                    format!("--gamma: expected `auto` or a positive number, got `{g}`")
-                })?,
-        ),
-    };
-    if let Some(path) = &args.topology {
-        let topo = sluice_graph::Topology::read_edge_list(path)
-            .with_context(|| format!("--topology {}", path.display()))?;
-        spec.topology = Some(
-            topo.edges()
-                .iter()
-                .map(|e| (e.a as u32, e.b as u32, e.weight))
-                .collect(),
-        );
-    }
-    spec.cycle = duration("--cycle", &args.cycle)?;
-    spec.lease = duration("--lease", &args.lease)?;
-    spec.fallback = parse_fallback(&args.fallback)?;
-    // The daemon rewrites the file when the node reincarnates while running.
-    spec.state_file = args.state_file.clone();
-    let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
-    spec.incarnation = start.incarnation;
-    Ok(Some((spec, args.peer_addr)))
 }
 
 /// `args` again, with the settings file's values applied under the command line's flags
@@ -255,12 +213,12 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         "off" => None,
         w => Some(duration("--watch", w)?),
     };
-    let cluster = cluster_spec(args)?;
+    let cluster = super::cluster::cluster_spec(args)?;
     let token = super::token::token_spec(
         &args.token,
         args.node_id,
         cluster.as_ref().map(|(c, _)| c),
-        || peer_key(args.peer_key_file.as_deref()),
+        || super::cluster::peer_key(args.peer_key_file.as_deref()),
     )?;
     let spec = DaemonSpec {
         source,

@@ -131,6 +131,21 @@ pub(crate) struct Cluster {
     /// Each node's clock rate against real time (1: its own clock; otherwise it runs under
     /// libfaketime at that rate).
     rates: Vec<f64>,
+    /// The founding members (started with `--node-id i --peers` every other one of them);
+    /// the nodes after them are joiners, started with `joiners[i − founding]`'s flags.
+    founding: usize,
+    joiners: Vec<Vec<String>>,
+}
+
+/// How a joiner finds the running cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Find {
+    /// `--peers HOST:PORT` of one running node (a seed, its id unknown).
+    Seed(usize),
+    /// `--peers-file` listing every founding node's address.
+    File,
+    /// `--peers-dns localhost:PORT` of one running node.
+    Dns(usize),
 }
 
 impl Cluster {
@@ -179,6 +194,8 @@ impl Cluster {
             rates: (0..n)
                 .map(|i| rates.get(i).copied().unwrap_or(1.0))
                 .collect(),
+            founding: n,
+            joiners: Vec::new(),
         };
         for i in 0..n {
             c.start(i);
@@ -193,12 +210,65 @@ impl Cluster {
         self.nodes.len()
     }
 
+    /// Adds a node that joins the running cluster (no id of its own: a random one; its
+    /// voters from the cluster it finds), starts it and waits until it answers.
+    pub(crate) fn add_joiner(&mut self, find: Find) -> usize {
+        let free = |tcp: bool| {
+            if tcp {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+            } else {
+                std::net::UdpSocket::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+            }
+        };
+        let id = self.nodes.len();
+        let flags = match find {
+            Find::Seed(n) => vec!["--peers".into(), self.peers[n].to_string()],
+            Find::Dns(n) => vec![
+                "--peers-dns".into(),
+                format!("localhost:{}", self.peers[n].port()),
+            ],
+            Find::File => {
+                let path = self.dir.join("peers.txt");
+                let list: Vec<String> = self.peers[..self.founding]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                std::fs::write(&path, format!("# founding members\n{}\n", list.join("\n")))
+                    .unwrap();
+                vec!["--peers-file".into(), path.display().to_string()]
+            }
+        };
+        self.peers.push(free(false));
+        self.addrs.push((free(true), free(true)));
+        self.nodes.push(None);
+        self.rates.push(1.0);
+        self.joiners.push(flags);
+        self.start(id);
+        self.wait_healthy(id);
+        id
+    }
+
     pub(crate) fn start(&mut self, id: usize) {
         let (http, grpc) = self.addrs[id];
-        let peers: Vec<String> = (0..self.peers.len())
+        let peers: Vec<String> = (0..self.founding)
             .filter(|&j| j != id)
             .map(|j| format!("{j}={}", self.peers[j]))
             .collect();
+        let membership: Vec<String> = match id.checked_sub(self.founding) {
+            Some(j) => self.joiners[j].clone(),
+            None => vec![
+                "--node-id".into(),
+                id.to_string(),
+                "--peers".into(),
+                peers.join(","),
+            ],
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -218,7 +288,7 @@ impl Cluster {
             .args(["--grpc-addr", &grpc.to_string()])
             .args(["--http-addr", &http.to_string()])
             .args(["--peer-addr", &self.peers[id].to_string()])
-            .args(["--node-id", &id.to_string(), "--peers", &peers.join(",")])
+            .args(&membership)
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
@@ -446,8 +516,18 @@ impl Load {
         conns: usize,
         make: impl Fn(u64) -> String + Send + Sync + 'static,
     ) -> Self {
+        Self::start_from(Instant::now(), rates, conns, make)
+    }
+
+    /// As [`Load::start_with`], its times counted from `origin` (another load's, so that
+    /// their records can be merged).
+    pub(crate) fn start_from(
+        origin: Instant,
+        rates: &[(usize, SocketAddr, f64)],
+        conns: usize,
+        make: impl Fn(u64) -> String + Send + Sync + 'static,
+    ) -> Self {
         let make = Arc::new(make);
-        let origin = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let answers = Arc::new(Mutex::new(Vec::new()));
         let mut threads = Vec::new();
@@ -464,7 +544,7 @@ impl Load {
                 let offset = gap.mul_f64(c as f64 / conns as f64);
                 threads.push(std::thread::spawn(move || {
                     let mut conn = Conn::new(addr);
-                    let mut due = origin + offset;
+                    let mut due = Instant::now().max(origin) + offset;
                     let mut mine = Vec::new();
                     let mut k = 0u64;
                     while !stop.load(Ordering::Relaxed) {
@@ -529,6 +609,14 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Both records' answers (counted from one origin: see [`Load::start_from`]).
+    pub(crate) fn merge(mut self, other: Record) -> Record {
+        self.answers.extend(other.answers);
+        self.answers.sort_by_key(|a| a.at);
+        self.end = self.end.max(other.end);
+        self
+    }
+
     /// The admitted instants (sorted).
     fn admitted(&self) -> Vec<Duration> {
         self.answers.iter().filter(|a| a.ok).map(|a| a.at).collect()

@@ -10,18 +10,19 @@
 //! `scripts/chaos.sh` runs them all and prints their figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
+mod elastic;
 mod harness;
 
 use std::time::Duration;
 
 use harness::{BURST, Cluster, LEASE_MS, LIMIT, Load, Record, Start, report};
 
-const SEC: Duration = Duration::from_secs(1);
+pub(crate) const SEC: Duration = Duration::from_secs(1);
 
 /// One scenario at a time: each runs three daemons and a client that must keep its pace.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -71,7 +72,7 @@ fn assert_whole(name: &str, shares: Option<f64>, who: &str) {
 }
 
 /// Asserts no 1 s window of `r` admitted more than `L + burst`.
-fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
+pub(crate) fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
     let (most, at) = r.max_window(SEC, Duration::ZERO, r.end);
     assert!(
         most <= window_bound(nodes),

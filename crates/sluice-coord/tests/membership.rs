@@ -1,0 +1,144 @@
+#![allow(clippy::unwrap_used)]
+//! Run-time membership (docs/PROTOCOL.md, "Membership"): joiners that the voters never
+//! configured, learned of by one seed and introduced to the rest, earn a share by the law;
+//! a joiner that crashes is fenced like any node, its link goes, and its capacity comes back
+//! through the audit; a joiner that comes back after its fence joins again.
+
+use sluice_coord::node::{Config, LeaseState};
+use sluice_coord::testing::{Cluster, NetConfig, Step, complete};
+use sluice_coord::wire::NodeId;
+
+const CYCLE: u64 = 100_000_000;
+const LEASE: u64 = 1_000_000_000;
+const KEY: u64 = 7;
+const LIMIT: u64 = 1_000_000;
+const VOTERS: u32 = 3;
+
+fn config(id: NodeId, links: Vec<(NodeId, f64)>) -> Config {
+    let mut c = Config::new(id, (0..VOTERS).collect(), links, LIMIT);
+    // Stable for the degree a voter reaches with every joiner (the law also caps γ by the
+    // live degree at every tick).
+    c.gamma = 0.1;
+    c.cycle = CYCLE;
+    c.lease = LEASE;
+    c.demand_tau = 2 * CYCLE;
+    c.audit_every = Some(20 * CYCLE);
+    c
+}
+
+/// Three voters at half their share's demand each, settled.
+fn voters() -> Cluster {
+    let mut c = Cluster::new(VOTERS, &complete(VOTERS), config, NetConfig::perfect(), 3).unwrap();
+    for i in 0..VOTERS {
+        c.apply(Step::SetDemand(i, KEY, 0.2 * LIMIT as f64));
+    }
+    c.apply(Step::Run(20));
+    c
+}
+
+/// A joiner that knows only node 0 (its seed); the driver introduces it to the others as
+/// it learns of them (what the daemon's directory does), and the others to it.
+fn join(c: &mut Cluster, id: NodeId, demand: f64) {
+    c.apply(Step::AddNode(Box::new(config(id, vec![(0, 1.0)]))));
+    c.apply(Step::SetDemand(id, KEY, demand));
+    c.apply(Step::Run(2));
+    for v in 1..VOTERS {
+        let (n, now) = c.node_mut(id).unwrap();
+        n.add_peer(v, 1.0, now);
+        let (n, now) = c.node_mut(v).unwrap();
+        n.add_peer(id, 1.0, now);
+    }
+}
+
+fn leased(c: &Cluster, id: NodeId) -> bool {
+    c.node(id).unwrap().lease_state(c.now()) != LeaseState::Expired
+}
+
+#[test]
+fn a_joiner_introduced_by_one_seed_earns_its_share() {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    // A lease from a quorum of the voters, then a share by the law: within lease + 3 cycles.
+    c.apply(Step::Run(LEASE / CYCLE + 3));
+    assert!(leased(&c, 10), "the joiner holds a lease from the voters");
+    let own = c.node(10).unwrap().own(KEY);
+    assert!(own >= LIMIT / 4, "the joiner's share: {own}");
+    assert_eq!(c.sum_own(KEY), LIMIT, "the shares still add up to L");
+    // Every voter knows it, and every node shows the same membership version.
+    let versions: Vec<u64> = [0, 1, 2, 10]
+        .iter()
+        .map(|&i| c.node(i).unwrap().membership().version)
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] == w[1]), "{versions:?}");
+    let m = c.node(1).unwrap().membership();
+    assert_eq!(m.voters, vec![0, 1, 2]);
+    assert!(m.live.iter().any(|&(p, _)| p == 10), "{m:?}");
+    assert!(m.changes.joins >= 1);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn a_crashed_joiner_is_fenced_and_its_capacity_minted_again() {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    let held = c.node(10).unwrap().own(KEY);
+    assert!(held > 0);
+    c.apply(Step::Crash(10));
+    // Votes after lease·(1+ρ)², a fence, a fold, an audit (within ten more cycles).
+    c.apply(Step::Run(LEASE / CYCLE + 12));
+    assert_eq!(c.sum_own(KEY), LIMIT, "what the joiner held is back");
+    for v in 0..VOTERS {
+        let n = c.node(v).unwrap();
+        assert_eq!(n.dead_floors().get(&10), Some(&1), "node {v}");
+        assert!(
+            n.membership().live.iter().all(|&(p, _)| p != 10),
+            "node {v} keeps no link with a fenced joiner"
+        );
+        assert_eq!(n.link_state(10, c.now()), None, "node {v}");
+        assert!(n.membership().changes.fences >= 1);
+    }
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn a_fenced_joiner_that_comes_back_joins_again() {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    // Cut off long enough to be fenced (the voters drop its link) and to start again on its
+    // own (two leases without a lease); it still knows every voter's incarnation, so its
+    // messages are not a joiner's introduction: the dead floor lets them in.
+    c.apply(Step::Partition(vec![10]));
+    c.apply(Step::Run(3 * LEASE / CYCLE + 5));
+    assert!(c.node(10).unwrap().incarnation() > 1, "started again");
+    assert_eq!(c.node(0).unwrap().link_state(10, c.now()), None);
+    c.apply(Step::Heal);
+    c.apply(Step::Run(30));
+    assert!(leased(&c, 10), "the later incarnation holds a lease again");
+    assert!(c.node(10).unwrap().own(KEY) >= LIMIT / 4);
+    for v in 0..VOTERS {
+        assert!(c.node(v).unwrap().peer_incarnation(10) > 1, "node {v}");
+    }
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+#[test]
+fn a_joiner_that_leaves_hands_its_share_back() {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    join(&mut c, 11, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    assert!(c.node(11).unwrap().own(KEY) > 0);
+    c.apply(Step::Leave(11));
+    c.apply(Step::Run(20));
+    assert_eq!(c.node(11).unwrap().own(KEY), 0);
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    for v in 0..VOTERS {
+        let m = c.node(v).unwrap().membership();
+        assert_eq!(m.changes.leaves, 1, "node {v}: {m:?}");
+        assert!(m.live.iter().all(|&(p, _)| p != 11));
+    }
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}

@@ -1,0 +1,146 @@
+//! Elastic clusters on the real stack (docs/PROTOCOL.md, "Membership"): nodes that nobody
+//! configured join a running cluster (found through a seed, a peers file or DNS) and leave
+//! it by SIGTERM, as an autoscaled Deployment's pods do, under skewed load.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{
+    BURST, CYCLE_MS, Cluster, Find, LEASE_MS, LIMIT, Load, Record, Start, report,
+};
+use crate::{SEC, assert_no_overshoot, serial};
+
+/// What a joiner must reach within `lease + 3 cycles` of a change.
+fn bound() -> Duration {
+    Duration::from_millis(LEASE_MS + 3 * CYCLE_MS)
+}
+
+/// `rate` requests per second to node `id`, for tenant `acme`, timed from `origin`.
+fn load(origin: Instant, c: &Cluster, id: usize, rate: f64) -> Load {
+    let body = crate::harness::body("acme");
+    Load::start_from(origin, &[(id, c.addr(id), rate)], 1, move |_| body.clone())
+}
+
+/// Refused answers within `[from, to)`, at node `node` if given.
+fn refused(r: &Record, node: Option<usize>, from: Duration, to: Duration) -> Vec<Duration> {
+    r.answers
+        .iter()
+        .filter(|a| !a.ok && a.sent >= from && a.at < to && node.is_none_or(|n| a.node == n))
+        .map(|a| a.sent)
+        .collect()
+}
+
+/// 3 → 7 → 3 nodes under skewed demand (0.3, 0.1, 0.05 L at the founding nodes, 0.1 L at
+/// each joiner: 0.85 L with seven). Joiners find the cluster through a seed, a peers file
+/// and DNS; they leave by SIGTERM, their clients gone first (as a load balancer drains a
+/// pod). No 1 s window may admit more than `L + burst`; each joiner admits all it is asked
+/// within `lease + 3 cycles` of joining; the shares add up to exactly `L` within `lease + 3
+/// cycles` of each change; and, demand being under 90 % of `L`, no request is refused
+/// outside the first second after a change.
+#[test]
+fn scale_out_to_seven_and_back_in_to_three() {
+    let _one = serial();
+    let name = "scale-3-7-3";
+    let mut c = Cluster::new(name, 3, Start::Plain);
+    for i in 0..3 {
+        c.wait_ready(i);
+    }
+    let origin = Instant::now();
+    let mut loads = vec![
+        load(origin, &c, 0, 0.3 * LIMIT as f64),
+        load(origin, &c, 1, 0.1 * LIMIT as f64),
+        load(origin, &c, 2, 0.05 * LIMIT as f64),
+    ];
+    std::thread::sleep(2 * SEC);
+    let steady = origin.elapsed();
+    // Each change: when it happened, and Σ shares `lease + 3 cycles` later.
+    let mut changes: Vec<(String, Duration, Option<f64>)> = Vec::new();
+    let mut joined = Vec::new();
+    for find in [Find::Seed(0), Find::File, Find::Dns(1), Find::Seed(2)] {
+        let id = c.add_joiner(find);
+        let at = origin.elapsed();
+        loads.push(load(origin, &c, id, 0.1 * LIMIT as f64));
+        std::thread::sleep(bound());
+        changes.push((format!("join {id} ({find:?})"), at, c.total_share()));
+        joined.push((id, at));
+        std::thread::sleep(3 * SEC - bound());
+    }
+    let seven = c.statuses();
+    let mut records: Vec<Record> = Vec::new();
+    for &(id, _) in joined.iter().rev() {
+        // Its clients go first (a draining pod), then the pod.
+        let l = loads.pop().expect("a joiner's load");
+        records.push(l.finish());
+        let at = origin.elapsed();
+        c.terminate(id);
+        std::thread::sleep(bound());
+        changes.push((format!("leave {id}"), at, c.total_share()));
+        std::thread::sleep(3 * SEC - bound());
+    }
+    std::thread::sleep(SEC);
+    let r = loads
+        .into_iter()
+        .map(Load::finish)
+        .chain(records)
+        .reduce(Record::merge)
+        .expect("loads");
+    let most = assert_no_overshoot(name, &r, 7);
+    // Joining: every refusal at a joiner comes within `lease + 3 cycles` of its start.
+    let mut joiner_ready = Vec::new();
+    for &(id, at) in &joined {
+        let late = refused(&r, Some(id), at, r.end);
+        let last = late.last().map_or(Duration::ZERO, |t| t.saturating_sub(at));
+        joiner_ready.push(format!("{last:.2?}"));
+        assert!(
+            last <= bound(),
+            "{name}: joiner {id} refused a request {last:?} after it joined (bound {:?}): {late:?}",
+            bound()
+        );
+    }
+    // Outside the first second after each change, nothing is refused (demand < 0.9 L).
+    let mut quiet: Vec<(Duration, Duration)> = Vec::new();
+    let mut from = steady;
+    for &(_, at, _) in &changes {
+        quiet.push((from, at));
+        from = at + SEC;
+    }
+    quiet.push((from, r.end));
+    let outside: Vec<Duration> = quiet
+        .iter()
+        .flat_map(|&(a, b)| refused(&r, None, a, b))
+        .collect();
+    let asked = r.answers.iter().filter(|a| a.sent >= steady).count();
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            ("bound", (LIMIT + BURST + 7).to_string()),
+            ("joiner_last_refusal_after_join", joiner_ready.join(",")),
+            (
+                "shares_after_each_change",
+                changes
+                    .iter()
+                    .map(|(_, _, s)| format!("{s:.4?}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (
+                "refused_outside_first_second",
+                format!("{} of {asked}", outside.len()),
+            ),
+        ],
+    );
+    for (what, _, shares) in &changes {
+        let s = shares.unwrap_or_else(|| panic!("{name}: a node did not answer after {what}"));
+        assert!(
+            (0.999..=1.0 + 1e-9).contains(&s),
+            "{name}: shares add up to {s} L {:?} after {what}",
+            bound()
+        );
+    }
+    assert!(
+        outside.is_empty(),
+        "{name}: {} requests refused outside the first second after a change: {:?}\nwith seven nodes:\n{seven}",
+        outside.len(),
+        &outside[..outside.len().min(20)]
+    );
+}
