@@ -6,10 +6,12 @@
 //! with `α = 1 − exp(−s/τ)` (≈ `s/τ`), and the estimate is the same whatever the cycle
 //! length: two half-cycle samples give exactly the weight of one whole-cycle sample.
 
-/// Exponential smoothing of a rate with time constant `tau` (nanoseconds).
+/// Exponential smoothing of a rate with time constant `tau` (nanoseconds), and optionally a
+/// shorter one for rises (see [`DemandFilter::with_rise`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DemandFilter {
     tau: f64,
+    tau_rise: f64,
     estimate: f64,
     last: Option<u64>,
 }
@@ -18,8 +20,18 @@ impl DemandFilter {
     /// A filter with time constant `tau_ns` (`0` means no smoothing) and no sample yet.
     #[must_use]
     pub fn new(tau_ns: u64) -> Self {
+        Self::with_rise(tau_ns, tau_ns)
+    }
+
+    /// A filter that follows a rise with time constant `rise_ns` and a fall with `tau_ns`:
+    /// demand that appears (new clients at a node, a joiner's first requests) is served
+    /// within a cycle or two, and capacity is given back slowly. Seed 003's filter is the
+    /// symmetric one ([`DemandFilter::new`]).
+    #[must_use]
+    pub fn with_rise(tau_ns: u64, rise_ns: u64) -> Self {
         Self {
             tau: tau_ns as f64,
+            tau_rise: rise_ns as f64,
             estimate: 0.0,
             last: None,
         }
@@ -39,10 +51,15 @@ impl DemandFilter {
             None => self.estimate = rate,
             Some(last) => {
                 let dt = now.saturating_sub(last) as f64;
-                let w = if self.tau <= 0.0 {
+                let tau = if rate > self.estimate {
+                    self.tau_rise
+                } else {
+                    self.tau
+                };
+                let w = if tau <= 0.0 {
                     1.0
                 } else {
-                    1.0 - (-dt / self.tau).exp()
+                    1.0 - (-dt / tau).exp()
                 };
                 self.estimate += w * (rate - self.estimate);
             }
@@ -86,5 +103,32 @@ mod tests {
         assert!((fine.estimate() - coarse.estimate()).abs() < 1e-9);
         // After 5τ the estimate is within e^-5 of the step.
         assert!((fine.estimate() - 100.0 * (1.0 - (-5.0f64).exp())).abs() < 1e-9);
+    }
+
+    /// A rise is followed with its own time constant, a fall with the slower one.
+    #[test]
+    fn rises_fast_and_falls_slowly() {
+        let (tau, rise) = (500_000_000, 100_000_000);
+        let mut f = DemandFilter::with_rise(tau, rise);
+        f.observe_rate(0, 0.0);
+        f.observe_rate(100_000_000, 100.0);
+        assert!((f.estimate() - 100.0 * (1.0 - (-1.0f64).exp())).abs() < 1e-9);
+        for k in 2..=5u64 {
+            f.observe_rate(k * 100_000_000, 100.0);
+        }
+        assert!(f.estimate() > 99.0, "{}", f.estimate());
+        let before = f.estimate();
+        f.observe_rate(600_000_000, 0.0);
+        let fall = before * (-0.2f64).exp();
+        assert!(
+            (f.estimate() - fall).abs() < 1e-9,
+            "{} vs {fall}",
+            f.estimate()
+        );
+        // The symmetric filter rises as slowly as it falls.
+        let mut s = DemandFilter::new(tau);
+        s.observe_rate(0, 0.0);
+        s.observe_rate(100_000_000, 100.0);
+        assert!(s.estimate() < 20.0);
     }
 }

@@ -88,8 +88,13 @@ struct RelayPlan {
     hops: u8,
     /// The neighbour whose request we pass on (split horizon: never asked back).
     from: Option<NodeId>,
-    /// Total weight of the usable neighbours asked (all but `from`).
+    /// Total weight of the usable neighbours asked (all but `from`; only those whose share
+    /// covers their demand, if any does: see `spare_only`).
     total: f64,
+    /// Ask only the neighbours whose latest entry says their share covers their demand
+    /// (`KeyEntry::saturated`): under max-min they hold the spare, and a request split over
+    /// every neighbour got a fraction of it per round from them.
+    spare_only: bool,
 }
 
 /// A message to send.
@@ -744,9 +749,10 @@ impl Node {
     fn key_mut(&mut self, key: Key) -> &mut KeyState {
         let base = i64::try_from(self.default_base).unwrap_or(i64::MAX);
         let tau = self.cfg.demand_tau;
+        let rise = self.cfg.demand_rise_tau.unwrap_or(tau);
         self.keys.entry(key).or_insert_with(|| KeyState {
             base,
-            demand: DemandFilter::new(tau),
+            demand: DemandFilter::with_rise(tau, rise),
             links: SmallMap::new(),
             seen_sum: 0,
             given_sum: 0,

@@ -197,6 +197,14 @@ pub enum ClusterError {
     Io(#[from] std::io::Error),
 }
 
+/// Max-min fairness gives a node whose demand is below the water level exactly its demand,
+/// and the capacity nobody needs stays where it is: a node at its share refuses whatever its
+/// demand estimate lags or its arrivals bunch, though the cluster has capacity to spare. So a
+/// max-min key's demand counts this much more (docs/PROTOCOL.md, "Demand"): below
+/// `L/(1 + h)` in all every node holds its demand and this margin; above, the water level is
+/// that of the inflated demands, at most this fraction under the exact one.
+pub const MAX_MIN_HEADROOM: f64 = 0.1;
+
 /// How much earlier than its lease's end a node stops enforcing shared capacity, at most
 /// (an eighth of the lease if that is shorter). Covers a timer that fires late: tokio's
 /// timers have millisecond granularity, and a busy runtime polls the driver late.
@@ -258,6 +266,9 @@ struct Driven {
     ticks: u64,
     /// Peers whose voters differ from ours, already warned about.
     warned: BTreeSet<NodeId>,
+    /// Hits of keys first hit less than a cycle ago, and whether one was refused (measured
+    /// at the next tick, from the first hit).
+    young: std::collections::HashMap<u64, (u64, bool)>,
 }
 
 #[derive(Debug, Default)]
@@ -363,6 +374,7 @@ impl<T: Transport> Cluster<T> {
                 ever_leased: false,
                 ticks: 0,
                 warned: BTreeSet::new(),
+                young: std::collections::HashMap::new(),
             }),
             shares,
             socket,
@@ -552,13 +564,38 @@ impl<T: Transport> Cluster<T> {
                 Vec::new()
             };
             let split = d.node.default_enforced(now) as f64;
-            for h in drained {
+            let seen = self.shares.clock();
+            let cycle = nanos(self.cycle);
+            for mut h in drained {
+                // A key first hit less than a cycle ago: its hits are too few and too recent
+                // to measure (over the whole cycle, a joiner's first demand read a fraction
+                // of what it is, and the filter took several time constants to catch up).
+                // They wait for the next tick, then count from the first hit.
+                let age = seen.saturating_sub(h.born);
+                if h.born != 0 && age < cycle && h.hits > 0 {
+                    let y = d.young.entry(h.key).or_insert((0, false));
+                    y.0 += h.hits;
+                    y.1 |= h.refused;
+                    continue;
+                }
+                if let Some((hits, refused)) = d.young.remove(&h.key) {
+                    h.hits += hits;
+                    h.refused |= refused;
+                }
+                let span = if h.born != 0 && age < 2 * cycle {
+                    age
+                } else {
+                    dt
+                };
                 // Hits per rule period, in capacity units (the rule's limit is SCALE).
-                let rate = if h.count == 0 {
+                let mut rate = if h.count == 0 {
                     0.0
                 } else {
-                    h.hits as f64 * h.period as f64 / dt as f64 * SCALE as f64 / h.count as f64
+                    h.hits as f64 * h.period as f64 / span as f64 * SCALE as f64 / h.count as f64
                 };
+                if d.node.config().measure_of(h.key) == Measure::MaxMin {
+                    rate *= 1.0 + MAX_MIN_HEADROOM;
+                }
                 match key_role(d.node.has_state(h.key), h.hits, h.refused, rate, split) {
                     KeyRole::Coordinated => {
                         if h.count > 0 {
@@ -578,7 +615,9 @@ impl<T: Transport> Cluster<T> {
             node.tick(now, &mut || rng.next_f64());
             let mut out = self.collect(&mut d, now);
             d.ticks += 1;
-            if d.ticks % join::DIRECTORY_EVERY == 1 {
+            // Every cycle until a first lease (a joiner finding its cluster), then every
+            // [`join::DIRECTORY_EVERY`].
+            if d.ticks % join::DIRECTORY_EVERY == 1 || !d.ever_leased {
                 out.extend(self.directories(&mut d, now));
             }
             out
@@ -598,19 +637,44 @@ impl<T: Transport> Cluster<T> {
         }
         let mut live = BTreeSet::from([self.me]);
         let mut degree = 0.0;
-        for p in self.peers.values() {
-            if matches!(
-                d.node.link_state(p.id, now),
-                Some(LinkState::Up | LinkState::Suspect)
-            ) {
-                live.insert(p.id);
-                degree += p.weight;
+        // The configured peers, and (every node linking every other, no topology given)
+        // the nodes that joined at run time.
+        let joined = self
+            .spec
+            .topology
+            .is_none()
+            .then(|| d.node.membership().live);
+        let candidates = self
+            .peers
+            .values()
+            .map(|p| (p.id, p.weight))
+            .chain(joined.iter().flatten().map(|&(id, _)| (id, 1.0)));
+        for (id, weight) in candidates {
+            if id != self.me
+                && !live.contains(&id)
+                && matches!(
+                    d.node.link_state(id, now),
+                    Some(LinkState::Up | LinkState::Suspect)
+                )
+            {
+                live.insert(id);
+                degree += weight;
             }
         }
         if live == d.live {
             return;
         }
         let old = d.gamma_auto;
+        let complete;
+        let auto = if self.spec.topology.is_none() {
+            complete = gamma::AutoGamma {
+                edges: gamma::complete_edges(&live),
+                measure: auto.measure,
+            };
+            &complete
+        } else {
+            auto
+        };
         match auto_gain(self.me, &live, auto, degree, false) {
             Ok(Some(g)) => {
                 d.gamma_auto = Some(g);
@@ -678,7 +742,7 @@ impl<T: Transport> Cluster<T> {
         // socket); the node decides whether to link.
         let introduces = msg.lifecycle == Lifecycle::Joining && msg.to_inc == 0;
         let known = self.peers.contains_key(&from) || self.addrs.get(from).is_some();
-        if !known && !(introduces && self.learn(from, src, "contact")) {
+        if !(known || introduces && self.learn(from, src, "contact")) {
             self.counters
                 .rejected_unauthenticated
                 .fetch_add(1, Ordering::Relaxed);
@@ -818,6 +882,9 @@ fn node_config(
     cfg.cycle = nanos(spec.cycle);
     cfg.lease = nanos(spec.lease);
     cfg.demand_tau = nanos(spec.cycle) * 5;
+    // New demand (a joiner's first clients, traffic moved from a node that left) is served
+    // within a cycle or two; capacity is given back over five (docs/PROTOCOL.md, "Demand").
+    cfg.demand_rise_tau = Some(nanos(spec.cycle));
     cfg.fallback = spec.fallback;
     // Keys with no demand for this long give their capacity back and are forgotten
     // (docs/PROTOCOL.md "Idle keys"); memory follows the active keys.

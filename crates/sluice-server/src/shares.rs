@@ -52,6 +52,10 @@ pub struct KeyShare {
     period: AtomicU64,
     /// Whether the driver has set `units` (else the node's default applies).
     known: std::sync::atomic::AtomicBool,
+    /// When the key was first hit here ([`Shares::clock`], 0: not yet; a peer's message may
+    /// create the entry long before): its first demand is measured from then, not from the
+    /// driver's previous tick.
+    first_hit: AtomicU64,
     /// The rule that decided it here first, `(domain, descriptor path)`, for operators
     /// (`/metrics`, `/v1/cluster`); unset for a key only peers have told this node about.
     rule: std::sync::OnceLock<(Box<str>, Box<str>)>,
@@ -70,12 +74,16 @@ pub struct Drained {
     pub period: Nanos,
     /// A request on it was refused since the previous drain.
     pub refused: bool,
+    /// When the key was first hit here ([`Shares::clock`]; 0: never).
+    pub born: u64,
 }
 
 /// Shares and demand of every cluster key on this node. See the module documentation.
 #[derive(Debug)]
 pub struct Shares {
     shards: Vec<RwLock<HashMap<u64, Arc<KeyShare>>>>,
+    /// Where [`Shares::clock`] counts from.
+    origin: std::time::Instant,
     /// Units of a key the driver has not set yet (the node's default share: `SCALE/N` at
     /// start, its fallback when its lease has expired).
     default_units: AtomicU64,
@@ -106,12 +114,19 @@ impl Shares {
         Self {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             default_units: AtomicU64::new(default_units),
+            origin: std::time::Instant::now(),
             gate: LeaseGate {
                 origin: std::sync::OnceLock::new(),
                 until: AtomicU64::new(u64::MAX),
                 fallback: AtomicU64::new(0),
             },
         }
+    }
+
+    /// Nanoseconds since these shares were made (when keys were first hit: [`Drained::born`]).
+    #[must_use]
+    pub fn clock(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Checks the lease at every decision from now on (see [`LeaseGate`]): `origin` is the
@@ -215,6 +230,7 @@ impl Shares {
                 period: AtomicU64::new(period),
                 known: std::sync::atomic::AtomicBool::new(false),
                 rule: std::sync::OnceLock::new(),
+                first_hit: AtomicU64::new(0),
             })
         });
         name(entry, rule);
@@ -225,6 +241,12 @@ impl Shares {
         // Relaxed: each field is a value on its own; the driver tolerates a hit counted in
         // the next drain rather than this one.
         entry.hits.fetch_add(hits, Ordering::Relaxed);
+        // One clock read per key, at its first hit.
+        if entry.first_hit.load(Ordering::Relaxed) == 0 {
+            entry
+                .first_hit
+                .store(self.clock().max(1), Ordering::Relaxed);
+        }
         // Written only when the rule changed (a reload), so hot keys do not keep dirtying the
         // line for the other threads.
         if entry.count.load(Ordering::Relaxed) != count {
@@ -303,6 +325,7 @@ impl Shares {
                 period: AtomicU64::new(0),
                 known: std::sync::atomic::AtomicBool::new(true),
                 rule: std::sync::OnceLock::new(),
+                first_hit: AtomicU64::new(0),
             })
         });
         e.units.store(units, Ordering::Relaxed);
@@ -344,6 +367,7 @@ impl Shares {
                     count: e.count.load(Ordering::Relaxed),
                     period: e.period.load(Ordering::Relaxed),
                     refused: e.refused.swap(false, Ordering::Relaxed),
+                    born: e.first_hit.load(Ordering::Relaxed),
                 });
             }
         }
@@ -579,6 +603,7 @@ mod tests {
         s.set(7, 100, 0);
         assert_eq!(s.on_hit(7, 10, 1_000, 2), 100);
         let d = s.drain();
+        assert!(d[0].born <= s.clock());
         assert_eq!(
             d,
             vec![Drained {
@@ -587,6 +612,7 @@ mod tests {
                 count: 10,
                 period: 1_000,
                 refused: false,
+                born: d[0].born,
             }]
         );
         assert_eq!(s.drain()[0].hits, 0);

@@ -95,6 +95,10 @@ pub struct Config {
     pub max_drift: f64,
     /// Time constant `τ` of the demand filter.
     pub demand_tau: Nanos,
+    /// Time constant of the demand filter for rises (`None`: `demand_tau`, seed 003 §III's
+    /// symmetric filter). Shorter serves new demand within a cycle or two and still gives
+    /// capacity back slowly (see [`crate::filter::DemandFilter::with_rise`]).
+    pub demand_rise_tau: Option<Nanos>,
     /// What to enforce when the lease has expired.
     pub fallback: Fallback,
     /// Whether the node holds leases (see [`Leases`]).
@@ -144,6 +148,7 @@ impl Config {
             lease: 1_000_000_000,
             max_drift: 1e-3,
             demand_tau: 500_000_000,
+            demand_rise_tau: None,
             fallback: Fallback::None,
             leases: Leases::Quorum,
             pacing: None,

@@ -213,7 +213,7 @@ impl Node {
             for (ks, &plan) in self.keys.values().zip(&plans) {
                 for &(q, _) in u.iter() {
                     let sent = ks.links.get(&q).map_or(0.0, |l| l.relay_sent);
-                    let (r, _) = Self::relay_ask(plan, q, &u);
+                    let (r, _) = Self::relay_ask(plan, q, Self::has_spare(ks, q), &u);
                     // A quiet key's level request (sent where no relay request is) is no
                     // news: it goes at the next tick.
                     if relay_changed(sent, r) && !(ks.quiet && r == 0.0) {

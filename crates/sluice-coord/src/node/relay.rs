@@ -116,27 +116,44 @@ impl Node {
         if residual < 1.0 {
             return None;
         }
-        let total: f64 = usable
-            .iter()
-            .filter(|(p, _)| Some(*p) != best.2)
+        let asked = usable.iter().filter(|(p, _)| Some(*p) != best.2);
+        let spare: f64 = asked
+            .clone()
+            .filter(|(p, _)| Self::has_spare(ks, *p))
             .map(|(_, w)| *w)
             .sum();
+        let spare_only = spare > 0.0;
+        let total = if spare_only {
+            spare
+        } else {
+            asked.map(|(_, w)| *w).sum()
+        };
         Some(RelayPlan {
             residual,
             hops: best.1,
             from: best.2,
             total,
+            spare_only,
         })
+    }
+
+    /// Whether `p`'s latest entry for the key says its share covers its demand.
+    pub(super) fn has_spare(ks: &KeyState, p: NodeId) -> bool {
+        ks.links
+            .get(&p)
+            .and_then(|l| l.peer)
+            .is_some_and(|(_, saturated)| saturated)
     }
 
     /// A key's relay request to neighbour `to` from its [`RelayPlan`]: split by link weight.
     pub(super) fn relay_ask(
         plan: Option<RelayPlan>,
         to: NodeId,
+        to_has_spare: bool,
         usable: &[(NodeId, f64)],
     ) -> (f64, u8) {
         let Some(plan) = plan else { return (0.0, 0) };
-        if Some(to) == plan.from {
+        if Some(to) == plan.from || (plan.spare_only && !to_has_spare) {
             return (0.0, 0);
         }
         let w = usable_weight(usable, to).unwrap_or(0.0);

@@ -59,7 +59,7 @@ impl Node {
                         let plan = plans
                             .and_then(|v| v.get(i).copied())
                             .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
-                        Self::relay_ask(plan, to, usable)
+                        Self::relay_ask(plan, to, Self::has_spare(ks, to), usable)
                     } else {
                         (0.0, 0)
                     };

@@ -25,18 +25,23 @@ pub(super) fn auto_edges(spec: &ClusterSpec) -> Vec<(NodeId, NodeId, f64)> {
     match &spec.topology {
         Some(t) => t.clone(),
         None => {
-            let mut ids: Vec<NodeId> = spec.peers.iter().map(|p| p.id).collect();
-            ids.push(spec.node_id);
-            ids.sort_unstable();
-            let mut e = Vec::new();
-            for (i, &a) in ids.iter().enumerate() {
-                for &b in &ids[i + 1..] {
-                    e.push((a, b, 1.0));
-                }
-            }
-            e
+            let mut ids: BTreeSet<NodeId> = spec.peers.iter().map(|p| p.id).collect();
+            ids.insert(spec.node_id);
+            complete_edges(&ids)
         }
     }
+}
+
+/// Every node of `ids` linked to every other with weight 1.
+pub(super) fn complete_edges(ids: &BTreeSet<NodeId>) -> Vec<(NodeId, NodeId, f64)> {
+    let ids: Vec<NodeId> = ids.iter().copied().collect();
+    let mut e = Vec::new();
+    for (i, &a) in ids.iter().enumerate() {
+        for &b in &ids[i + 1..] {
+            e.push((a, b, 1.0));
+        }
+    }
+    e
 }
 
 /// γ* = 2/(λ₂+λₙ) (seed 000 Thm 2) of the graph `edges` induced on `live`, restricted to the

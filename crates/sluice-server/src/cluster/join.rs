@@ -1,8 +1,9 @@
 //! Joining a running cluster (docs/PROTOCOL.md, "Membership"): the driver's side.
 //!
-//! Every [`DIRECTORY_EVERY`] cycles a node sends its directory (its voters, whether it holds
-//! a lease, the nodes it has a live link with and where they are) to every node it knows
-//! and to every address discovery proposes that no known node is at. A directory from a key
+//! Every [`DIRECTORY_EVERY`] cycles (every cycle until it first holds a lease) a node sends
+//! its directory (its voters, whether it holds a lease, the nodes it has a live link with
+//! and where they are) to every node it knows and to every address discovery proposes that
+//! no known node is at. A directory from a key
 //! holder with the same voters introduces its sender and the nodes it lists: the node links
 //! with them (`Node::add_peer`) and they with it, and from then on the coordination
 //! messages decide what each holds, as for configured peers. A directory with other voters
@@ -139,14 +140,27 @@ impl<T: Transport> Cluster<T> {
             .source(src)
             .unwrap_or_else(|| "contact".to_owned());
         let weight = d.node.config().join_weight;
-        let mut new = self.learn(from, src, &how) && d.node.add_peer(from, weight, now);
+        let mut linked = Vec::new();
+        if self.learn(from, src, &how) && d.node.add_peer(from, weight, now) {
+            linked.push(from);
+        }
         for &(id, addr) in &dir.known {
-            if id != self.me && id != ANY && self.learn(id, addr, &format!("gossip:{from}")) {
-                new |= d.node.add_peer(id, weight, now);
+            if id != self.me
+                && id != ANY
+                && self.learn(id, addr, &format!("gossip:{from}"))
+                && d.node.add_peer(id, weight, now)
+            {
+                linked.push(id);
             }
         }
+        let new = !linked.is_empty();
         if new {
-            tracing::info!(node = self.me, peer = from, addr = %src, "linked with a node found at run time");
+            tracing::info!(
+                node = self.me,
+                from,
+                ?linked,
+                "linked with nodes found at run time"
+            );
         }
         // It does not know our id (or has just learned of us): answer at once.
         if to == ANY || new {
