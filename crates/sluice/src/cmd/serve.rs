@@ -120,6 +120,17 @@ pub(crate) struct Args {
     /// more burst than it would have (counted in /metrics as forced evictions).
     #[arg(long, value_name = "N", default_value = "1000000")]
     max_keys: usize,
+    /// Most keys with coordinated state per node, in a cluster. At the cap a new heavy key
+    /// stays on the static split (1/N of its limit here, which is safe), and idle keys are
+    /// retired at once to make room (docs/PROTOCOL.md "Many keys").
+    #[arg(long, value_name = "N", default_value = "100000",
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    max_cluster_keys: u64,
+    /// Peer bytes per cycle per link, in a cluster: a burst of changed keys goes out over
+    /// several cycles, so a receiver's socket buffer never overflows.
+    #[arg(long, value_name = "BYTES", default_value = "60000",
+          value_parser = clap::value_parser!(u64).range(1_000..=100_000_000))]
+    peer_budget: u64,
     /// gRPC worker threads, each with its own single-threaded runtime; connections are
     /// handed to them in turn [default: the cores this process may use].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..1025))]
@@ -188,6 +199,8 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.fallback = parse_fallback(&args.fallback)?;
+    spec.max_keys = usize::try_from(args.max_cluster_keys)?;
+    spec.link_budget = usize::try_from(args.peer_budget)?;
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
     let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
