@@ -131,6 +131,8 @@ pub(crate) struct Cluster {
     /// Each node's clock rate against real time (1: its own clock; otherwise it runs under
     /// libfaketime at that rate).
     rates: Vec<f64>,
+    /// More `sluice serve` flags for every node.
+    args: Vec<String>,
 }
 
 impl Cluster {
@@ -145,6 +147,18 @@ impl Cluster {
         start: Start,
         yaml: &str,
         rates: &[f64],
+    ) -> Self {
+        Self::with_args(name, n, start, yaml, rates, &[])
+    }
+
+    /// [`Cluster::with_rules`] with more `sluice serve` flags for every node.
+    pub(crate) fn with_args(
+        name: &str,
+        n: usize,
+        start: Start,
+        yaml: &str,
+        rates: &[f64],
+        args: &[&str],
     ) -> Self {
         let dir = std::env::temp_dir().join(format!("sluice-chaos-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -179,6 +193,7 @@ impl Cluster {
             rates: (0..n)
                 .map(|i| rates.get(i).copied().unwrap_or(1.0))
                 .collect(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         for i in 0..n {
             c.start(i);
@@ -222,6 +237,7 @@ impl Cluster {
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
+            .args(&self.args)
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);

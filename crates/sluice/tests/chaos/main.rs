@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
 mod harness;
+mod heavy_flood;
 
 use std::time::Duration;
 
