@@ -32,17 +32,21 @@
 //! without a lease (its reservation, or its initial share if its first incarnation may still
 //! run). The same mechanism gives a cluster its capacity after a restart of every node.
 //!
-//! # Idle keys, big batches, relay
+//! # Idle keys, many keys, relay
 //!
 //! Keys with no demand level back to the static split, retire their counters and are
-//! dropped (`idle`); a send larger than a datagram is split (`split`); spare capacity moves
-//! toward unmet demand over several hops (`relay`). Each is conserved by the ledger alone.
+//! dropped (`idle`); a send carries only the entries the peer may lack, in one datagram
+//! within a per-link byte budget (`delta`); a node holds state for at most
+//! `Config::max_keys` keys (`cap`); spare capacity moves toward unmet demand over several
+//! hops (`relay`). Each is conserved by the ledger alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 mod audit;
+mod cap;
 mod config;
+mod delta;
 mod idle;
 mod membership;
 mod quorum;
@@ -141,10 +145,9 @@ struct Link {
     /// `sent_at` of our latest message to the peer: `sent_at` strictly increases per link,
     /// so "sent before" is well defined for the peer's floor.
     last_sent: Nanos,
-    /// The version of our dead floors last sent on this link (see `Node::dead_version`).
-    dead_sent: u32,
-    /// Messages sent on the link (dead floors also go with every 16th, in case of loss).
-    sends: u32,
+    /// What we sent on the link and what the peer has of it; the link's byte budget
+    /// (`delta`). Boxed: only sends read it.
+    delta: Box<delta::LinkDelta>,
 }
 
 impl Link {
@@ -155,6 +158,7 @@ impl Link {
         self.echo = 0;
         self.indicator_at = 0;
         self.floor = 0;
+        self.delta.reset();
     }
 }
 
@@ -244,70 +248,6 @@ impl LinkKey {
     }
 }
 
-/// Splits one send's key entries over as many messages as needed so that each encodes to at
-/// most `cap` bytes (a UDP datagram holds 65,507). The first message carries everything
-/// else (retirement lists, votes, dead floors, audit); the others repeat only the header
-/// (incarnations, clocks, lifecycle, echo), which is idempotent.
-///
-/// Why a split is safe: every entry carries its key's whole monotone counters and nothing
-/// relates two keys (each key is its own ledger, conserved on its own), so a receiver that
-/// gets some of the parts applies exactly the keys it got, a lost part is a lost message for
-/// its keys only (it only delays), and parts may arrive in any order or twice (seed 003 §IV).
-/// Retirement lists ("Idle keys") travel in the first part: they refer to counters, not to
-/// the entries beside them.
-///
-/// The parts go straight to `out` (the outbox), addressed to `to`: one send is one message
-/// nearly always, and a vector per send for it was a measurable share of a large run.
-/// Whether a head of `head_len` bytes with `keys` goes as one message under `split` (a
-/// message holding all the sender's keys).
-fn fits_one(head_len: usize, keys: &[KeyEntry], cap: usize) -> bool {
-    let entries: usize = keys.iter().map(wire::key_entry_len).sum();
-    head_len + entries + COUNT_SLACK <= cap || keys.len() <= 1
-}
-
-/// Room for a message's key count varint growing from 1 byte to at most 5.
-const COUNT_SLACK: usize = 4;
-
-fn split(mut head: Message, keys: Vec<KeyEntry>, cap: usize, to: NodeId, out: &mut Vec<Outgoing>) {
-    let head_len = wire::encoded_len(&head);
-    if fits_one(head_len, &keys, cap) {
-        out.push(Outgoing {
-            to,
-            message: Message { keys, ..head },
-        });
-        return;
-    }
-    // No part holds every key: a key missing from one says nothing about the sender.
-    head.all_keys = false;
-    let rest = Message {
-        keys: Vec::new(),
-        retire: Vec::new(),
-        retired: Vec::new(),
-        confirm: Vec::new(),
-        votes: Vec::new(),
-        dead: Vec::new(),
-        audit: None,
-        rest: true,
-        ..head.clone()
-    };
-    let rest_len = wire::encoded_len(&rest);
-    let mut cur = head;
-    let mut budget = cap.saturating_sub(head_len + COUNT_SLACK);
-    for e in keys {
-        let len = wire::key_entry_len(&e);
-        if !cur.keys.is_empty() && len > budget {
-            out.push(Outgoing {
-                to,
-                message: std::mem::replace(&mut cur, rest.clone()),
-            });
-            budget = cap.saturating_sub(rest_len + COUNT_SLACK);
-        }
-        budget = budget.saturating_sub(len);
-        cur.keys.push(e);
-    }
-    out.push(Outgoing { to, message: cur });
-}
-
 /// A change of a relay request worth a reactive message: it appears, vanishes, or moves
 /// by more than a quarter.
 fn relay_changed(old: f32, new: f64) -> bool {
@@ -334,6 +274,11 @@ struct KeyState {
     idle_since: Option<Nanos>,
     /// Idle for at least `Config::idle_after`.
     quiet: bool,
+    /// The number of the latest change of the key's entry (`Node::change_seq`): a link
+    /// whose peer acknowledged less sends it (`delta`).
+    changed: u64,
+    /// What the key's entries last said of it (`None`: nothing yet).
+    advert: Option<delta::Advert>,
 }
 
 impl KeyState {
@@ -465,6 +410,12 @@ pub struct Node {
     audit: audit::AuditState,
     /// Joins, leaves and fences seen (see [`Node::membership`]).
     changes: membership::Changes,
+    /// Numbers the changes of keys' entries (`KeyState::changed`), increasing.
+    change_seq: u64,
+    /// Keys refused state because `Config::max_keys` were held (counted at every refusal).
+    refused: u64,
+    /// Keys made quiet early because `Config::max_keys` were held.
+    evicted: u64,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -540,6 +491,9 @@ impl Node {
             usable_cache: None,
             audit: audit::AuditState::new(&cfg),
             changes: membership::Changes::default(),
+            change_seq: 0,
+            refused: 0,
+            evicted: 0,
             cfg,
         };
         node.own_past_is_dead(now);
@@ -566,8 +520,7 @@ impl Node {
             neighbour,
             floor: 0,
             last_sent: 0,
-            dead_sent: 0,
-            sends: 0,
+            delta: Box::default(),
         }
     }
 
@@ -759,17 +712,23 @@ impl Node {
             enforced: None,
             idle_since: None,
             quiet: false,
+            changed: 0,
+            advert: None,
         })
     }
 
     /// The demand (rate, capacity units) measured for `key` over the interval ending `now`.
     /// Report every key of [`Node::active_keys`] each cycle, zero included: the estimate only
     /// moves when observed. With [`Config::idle_after`] set, a zero for a key without state
-    /// creates none.
+    /// creates none; with [`Config::max_keys`] held, no new key gets state (it stays on the
+    /// static split, see [`Node::refused_keys`]).
     pub fn set_demand(&mut self, now: Nanos, key: Key, rate: f64) {
         // No demand for a key without state is what no state already says: keep it that way
         // (a reclaimed key must not come back because the driver reports zeros).
         if self.cfg.idle_after.is_some() && rate < 1.0 && !self.keys.contains_key(&key) {
+            return;
+        }
+        if self.refuse_new(key) {
             return;
         }
         self.key_mut(key).demand.observe_rate(now, rate);
@@ -778,6 +737,9 @@ impl Node {
     /// `count` arrivals for `key` since the previous observation.
     pub fn observe_arrivals(&mut self, now: Nanos, key: Key, count: u64) {
         if self.cfg.idle_after.is_some() && count == 0 && !self.keys.contains_key(&key) {
+            return;
+        }
+        if self.refuse_new(key) {
             return;
         }
         let period = self.cfg.cycle;
@@ -826,7 +788,7 @@ impl Node {
                 self.give(now, &usable);
                 self.level_give(&usable);
                 self.propose_retirements();
-                self.reclaim();
+                self.reclaim(&usable);
             }
             Lifecycle::Leaving if leased => self.hand_over(&usable),
             _ => {}
@@ -845,7 +807,7 @@ impl Node {
             let Some(link) = self.links.get_mut(&p) else {
                 continue;
             };
-            let must = self.confirms.contains_key(&p) || link.dead_sent != self.dead_version;
+            let must = self.confirms.contains_key(&p) || link.delta.dead_sent != self.dead_version;
             let mut paced = match (&mut link.pacing, link.neighbour) {
                 (Some(acc), true) => acc.on_tick(now, draw()),
                 // Leases and fences need every member every cycle.

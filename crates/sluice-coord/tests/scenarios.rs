@@ -623,11 +623,12 @@ impl DirectedNet {
 }
 
 #[test]
-fn ten_thousand_keys_split_into_datagrams_and_conserve() {
-    // One send carries every active key; 10,000 keys are ~200 kB, so the node splits each
-    // send into messages of at most `max_message_bytes` (a UDP datagram holds 65,507 bytes).
-    // Conservation per key holds whatever part arrives (seed 003 §IV); here every part
-    // arrives, so Σ own = L exactly after every cycle.
+fn ten_thousand_keys_go_out_in_datagrams_and_conserve() {
+    // 10,000 new keys are ~200 kB of entries; a send is one message of at most
+    // `max_message_bytes` (a UDP datagram holds 65,507 bytes) within the link's budget, and
+    // the keys left out go in the next ones. Conservation per key holds whatever message
+    // arrives (seed 003 §IV); here every one arrives, and gifts go first, so Σ own = L
+    // exactly after every cycle.
     let n = 3;
     let limit = 1_000_000;
     let keys = 10_000u64;
@@ -665,7 +666,7 @@ fn ten_thousand_keys_split_into_datagrams_and_conserve() {
     let per_send = net.entries as f64 / net.messages as f64;
     assert!(
         per_send < keys as f64,
-        "sends were split ({per_send:.0} keys per message)"
+        "sends were paced ({per_send:.0} keys per message)"
     );
     for k in 0..keys {
         assert_eq!(net.sum_own(1_000 + k), limit, "key {k}");
@@ -901,15 +902,13 @@ fn keys_busy_at_a_crash_are_reclaimed() {
     }
 }
 
-/// Idle-key reclamation while messages stay split into many parts (a 200-byte cap, 40 keys
+/// Idle-key reclamation while messages hold only a few keys each (a 200-byte cap, 40 keys
 /// kept busy) and 20 keys go quiet, one node after the other: the 20 are reclaimed at every
-/// node, the 40 kept, and Σ own = L for every key. (Quiet keys leave out their entries only
-/// from messages that hold all the sender's keys; in a split message a missing key says
-/// nothing, so there they are sent. Here every quiet key's links carried flows, so each end
-/// hears "idle" during give-back and retirement before any entry is left out; the case
-/// the rule is for — a link that never carried anything for the key — is not built here.)
+/// node, the 40 kept, and Σ own = L for every key. (No message holds all of a sender's keys
+/// here, so a missing key says nothing: each end hears "idle" in an entry, acknowledged
+/// before the key is dropped.)
 #[test]
-fn quiet_keys_are_reclaimed_through_split_messages() {
+fn quiet_keys_are_reclaimed_through_small_messages() {
     let n = 3;
     let limit = 100_000;
     let make = move |id: NodeId, links: Vec<(NodeId, f64)>| {
@@ -946,7 +945,7 @@ fn quiet_keys_are_reclaimed_through_split_messages() {
             .filter(|&k| k >= 40)
             .collect();
         assert!(kept.is_empty(), "node {id} keeps quiet keys {kept:?}");
-        // Folds end on split messages too (their first part carries the retirement lists).
+        // Folds end with small messages too (retirement lists take a share of each).
         assert_eq!(c.node(id).unwrap().fold_records(), 0, "node {id}");
         assert_eq!(c.node(id).unwrap().active_keys().count(), 40);
     }

@@ -117,6 +117,11 @@ pub struct ClusterSpec {
     /// or long without a lease), so that the next start comes back above every incarnation
     /// it has used: a restart that reused one would be taken for a fenced one.
     pub state_file: Option<std::path::PathBuf>,
+    /// The most keys with coordinated state (`sluice serve --max-cluster-keys`): at the
+    /// cap a new heavy key stays on the static split (docs/PROTOCOL.md "Many keys").
+    pub max_keys: usize,
+    /// Peer bytes per cycle per link (`sluice serve --peer-budget`).
+    pub link_budget: usize,
     /// Looks up the peers given by name.
     pub resolver: Arc<dyn Resolver>,
     /// How often the peers given by name are looked up again.
@@ -145,6 +150,8 @@ impl ClusterSpec {
             incarnation: 1,
             idle_after: Duration::from_secs(30),
             state_file: None,
+            max_keys: 100_000,
+            link_budget: 60_000,
             resolver: Arc::new(SystemResolver),
             resolve_every: RESOLVE_EVERY,
             members: None,
@@ -894,6 +901,9 @@ fn node_config(
     cfg.audit_every = Some(nanos(spec.lease) * 10);
     // One message must fit one datagram with its frame.
     cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
+    // Memory and peer bytes are bounded (docs/PROTOCOL.md "Many keys").
+    cfg.max_keys = Some(spec.max_keys);
+    cfg.link_budget = spec.link_budget;
     Ok(cfg)
 }
 

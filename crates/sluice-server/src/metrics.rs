@@ -27,6 +27,8 @@
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
+//! | `sluice_cluster_keys`, `sluice_cluster_max_keys` | gauge | (keys with coordinated state, and the cap: docs/PROTOCOL.md "Many keys") |
+//! | `sluice_cluster_keys_refused_total`, `sluice_cluster_keys_evicted_total` | counter | (refused coordination at the cap; idle keys retired early at the cap) |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`, `membership`) |
 //! | `sluice_cluster_membership_changes_total` | counter | `change` (`join`, `leave`, `fence`, `refused`) |
@@ -714,8 +716,35 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         "The share update cycle",
         s.cycle_ms / 1000.0,
     )?;
+    gauge(
+        encoder,
+        "sluice_cluster_keys",
+        "Keys this node holds coordinated state for",
+        s.cap.coordinated_keys as f64,
+    )?;
+    gauge(
+        encoder,
+        "sluice_cluster_max_keys",
+        "The most keys this node holds coordinated state for (0: no cap)",
+        s.cap.max_cluster_keys as f64,
+    )?;
     let p = &s.peer;
     let counter = ConstCounter::new(0u64);
+    for (name, help, v) in [
+        (
+            "sluice_cluster_keys_refused",
+            "Times a key was refused coordination at the cap (it stayed on the static split)",
+            s.cap.keys_refused,
+        ),
+        (
+            "sluice_cluster_keys_evicted",
+            "Idle keys retired early because the cap was held",
+            s.cap.keys_evicted,
+        ),
+    ] {
+        let m = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+        ConstCounter::new(v).encode(m)?;
+    }
     {
         let m = encoder.encode_descriptor(
             "sluice_cluster_audit_rounds",

@@ -57,6 +57,9 @@ pub struct ClusterStatus {
     /// (summed over the rounds): capacity that failures had lost for good. Non-zero only at
     /// the root, and only after overlapping failures.
     pub audit_minted_share: f64,
+    /// Keys with coordinated state and their cap (JSON: fields of this object).
+    #[serde(flatten)]
+    pub cap: KeyCap,
     /// Peer transport counters.
     pub peer: PeerCounters,
     /// Who the members are, as this node sees them (docs/PROTOCOL.md, "Membership").
@@ -85,6 +88,34 @@ pub struct MembershipStatus {
     pub discovery_errors: Vec<String>,
 }
 
+/// Keys with coordinated state here and the cap on them (`sluice serve --max-cluster-keys`,
+/// docs/PROTOCOL.md "Many keys").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct KeyCap {
+    /// Keys this node holds coordinated state for.
+    pub coordinated_keys: usize,
+    /// The most it holds (0: no cap).
+    pub max_cluster_keys: usize,
+    /// Times a key was refused coordination because the cap was held (it stayed on the
+    /// static split).
+    pub keys_refused: u64,
+    /// Idle keys retired early because the cap was held.
+    pub keys_evicted: u64,
+}
+
+impl KeyCap {
+    /// What `node` says of its keys.
+    #[must_use]
+    pub fn of(node: &sluice_coord::node::Node) -> Self {
+        Self {
+            coordinated_keys: node.coordinated_keys(),
+            max_cluster_keys: node.config().max_keys.unwrap_or(0),
+            keys_refused: node.refused_keys(),
+            keys_evicted: node.evicted_keys(),
+        }
+    }
+}
+
 impl ClusterStatus {
     /// A node alone: every cluster rule applies its whole limit.
     #[must_use]
@@ -108,6 +139,7 @@ impl ClusterStatus {
             pending_votes: Vec::new(),
             audit_rounds: 0,
             audit_minted_share: 0.0,
+            cap: KeyCap::default(),
             peer: PeerCounters::default(),
             membership: MembershipStatus::default(),
         }

@@ -109,10 +109,19 @@ pub struct Config {
     /// Relay spare capacity toward unmet demand, over several hops (see the module docs,
     /// "Relay"). On by default; off gives the plain law.
     pub relay: bool,
-    /// Largest encoded message (bytes). One send to a neighbour carries every active key;
-    /// beyond this it is split into several messages (default 60,000: a UDP datagram holds
-    /// 65,507 bytes, less the transport's frame).
+    /// Largest encoded message (bytes): a send is one message at most, and the keys that
+    /// do not fit go next time (default 60,000: a UDP datagram holds 65,507 bytes, less the
+    /// transport's frame).
     pub max_message_bytes: usize,
+    /// Bytes a neighbour link may send per cycle (a budget saved for at most one cycle):
+    /// a burst of changed keys goes out over several cycles instead of overflowing the
+    /// receiver's socket buffer (see the module docs, "Many keys"). Default 60,000
+    /// (one full datagram a cycle). A head (lease, votes, audit) goes even over budget.
+    pub link_budget: usize,
+    /// The most keys with state (coordinated keys) this node holds; `None`: no cap. At the
+    /// cap a new key stays on the static split, and idle keys retire at once (see
+    /// [`Node::refused_keys`], [`Node::evicted_keys`]).
+    pub max_keys: Option<usize>,
     /// A key with no demand and an enforced share equal to its static split is *idle*; after
     /// `idle_after` idle it is reclaimed (see the module docs, "Idle keys"). `None` keeps
     /// every key for ever.
@@ -154,6 +163,8 @@ impl Config {
             pacing: None,
             relay: true,
             max_message_bytes: 60_000,
+            link_budget: 60_000,
+            max_keys: None,
             idle_after: None,
             audit_every: Some(10_000_000_000),
         }
@@ -250,6 +261,14 @@ impl Config {
                     "a class measure must be valid and not the response-time measure",
                 ));
             }
+        }
+        if self.link_budget < 1_000 {
+            return Err(ConfigError::Invalid(
+                "link_budget must be at least 1,000 bytes a cycle",
+            ));
+        }
+        if self.max_keys == Some(0) {
+            return Err(ConfigError::Invalid("max_keys must be at least 1"));
         }
         if let Some(s) = self.pacing {
             s.validated()

@@ -9,10 +9,16 @@ impl Node {
         let Some(after) = self.cfg.idle_after else {
             return;
         };
+        // At the cap, an idle key is quiet at once (`cap`): it frees its room soonest.
+        let pressed = self.under_pressure();
         for ks in self.keys.values_mut() {
             if ks.demand.estimate() < 1.0 {
                 let since = *ks.idle_since.get_or_insert(now);
-                ks.quiet = now >= since.saturating_add(after);
+                let due = now >= since.saturating_add(after);
+                if pressed && !due && !ks.quiet {
+                    self.evicted += 1;
+                }
+                ks.quiet = due || pressed || ks.quiet;
             } else {
                 ks.idle_since = None;
                 ks.quiet = false;
@@ -135,15 +141,26 @@ impl Node {
     }
 
     /// Drops quiet keys whose state says exactly what no state says: base = the default,
-    /// every link's counters zero, nothing under way, every neighbour quiet too.
-    pub(super) fn reclaim(&mut self) {
+    /// every link's counters zero, nothing under way, every neighbour quiet too, and every
+    /// usable neighbour has the key's latest entry (which says it is idle here: dropped
+    /// before, the neighbour would wait for that news for ever, as a message need not hold
+    /// every key).
+    pub(super) fn reclaim(&mut self, usable: &[(NodeId, f64)]) {
         if self.cfg.idle_after.is_none() {
             return;
         }
         let default = i64::try_from(self.default_base).unwrap_or(i64::MAX);
+        let mut told = StackVec::<u64, 16>::new();
+        told.extend(
+            usable
+                .iter()
+                .filter_map(|(p, _)| self.links.get(p).map(|l| l.delta.acked())),
+        );
+        let told = told.iter().copied().min().unwrap_or(u64::MAX);
         let reclaimed = &mut self.reclaimed;
         self.keys.retain(|&k, ks| {
             let idle = ks.quiet
+                && ks.changed <= told
                 && ks.base == default
                 && ks.links.values().all(|lk| {
                     lk.given == 0

@@ -36,7 +36,7 @@ impl Node {
             // A dead incarnation that does not know it yet (a healed cut): our next message
             // tells it, with our dead floors.
             if let Some(l) = self.links.get_mut(&from) {
-                l.dead_sent = self.dead_version.wrapping_sub(1);
+                l.delta.dead_sent = self.dead_version.wrapping_sub(1);
             }
             return;
         }
@@ -71,10 +71,12 @@ impl Node {
         let (fresh, usable_now) = {
             let link = self.link_entry(from, now, false);
             if link.inc != msg.from_inc {
-                // Another incarnation (another clock, fresh counters): no floor yet.
+                // Another incarnation (another clock, fresh counters): no floor yet, and
+                // none of our entries.
                 link.floor = 0;
                 link.echo = 0;
                 link.indicator_at = 0;
+                link.delta.reset();
             }
             link.inc = msg.from_inc;
             link.last_recv = Some(link.last_recv.map_or(now, |t| t.max(now)));
@@ -86,6 +88,7 @@ impl Node {
             }
             if msg.to_inc == me_inc && msg.echo != 0 {
                 link.echoed = link.echoed.max(msg.echo);
+                link.delta.echoed(msg.echo, msg.from_inc);
             }
             (fresh, Self::link_usable(link, now, up))
         };
@@ -120,17 +123,16 @@ impl Node {
         let leased = self.lease_state(now) != LeaseState::Expired;
         let mut news = false;
         let stale = self.retirements(from, msg);
+        let mut seq = self.change_seq;
         for e in msg.keys.iter().filter(|_| !stale) {
-            // A quiet key the sender holds nothing of on this link costs us no state.
-            if e.idle
-                && e.given == 0
-                && e.seen == 0
-                && !(e.relay.is_finite() && e.relay >= 1.0)
-                && !self.keys.contains_key(&e.key)
-            {
+            let new = !self.keys.contains_key(&e.key);
+            let counters = e.given != 0 || e.seen != 0;
+            let request = e.relay.is_finite() && e.relay >= 1.0;
+            // A quiet key the sender holds nothing of on this link costs us no state; nor,
+            // at the cap, does a key whose entry holds no capacity (`cap`).
+            if new && !counters && ((e.idle && !request) || self.refuse_new(e.key)) {
                 continue;
             }
-            let new = !self.keys.contains_key(&e.key);
             let idle_after = self.cfg.idle_after;
             let ks = self.key_mut(e.key);
             // State created by a neighbour where the key is idle (a level request, "Idle
@@ -154,6 +156,9 @@ impl Node {
                 ks.seen_sum = ks.seen_sum.wrapping_add(e.given - lk.seen);
                 lk.seen = e.given;
                 news = true;
+                // Our `seen` is the sender's acknowledgement: a change of our entry.
+                seq += 1;
+                ks.changed = seq;
                 // A gift of the retiring generation: the peer's `given` was never our `c`
                 // since we proposed, and never will be, so it cannot match: end the round.
                 if lk.retiring().is_some() {
@@ -173,6 +178,7 @@ impl Node {
                 lk.relay = relay;
             }
         }
+        self.change_seq = seq;
         if !stale {
             self.match_retirements(from, msg);
         }
@@ -227,8 +233,8 @@ impl Node {
         notify.dedup();
         for &q in notify.iter() {
             if let Some(acc) = self.links.get_mut(&q).and_then(|l| l.pacing.as_mut())
-                // One message carries every key, so spend at most one token per news; the
-                // rest stay for the next (seed 004 Alg. 4 counts messages, not replies).
+                // One message carries every changed key, so spend at most one token per
+                // news; the rest stay for the next (seed 004 Alg. 4 counts messages).
                 && acc.on_news_at_most(now, draw(), 1) > 0
             {
                 match &relay {

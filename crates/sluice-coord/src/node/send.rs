@@ -1,5 +1,5 @@
-//! What goes to a peer: every active key's counters (to neighbours), the lease echo, votes
-//! and dead floors, the audit, split to fit a datagram.
+//! What goes to a peer: the keys' entries it may lack (to neighbours, `delta`), the lease
+//! echo, votes and dead floors, the audit, in one datagram within the link's budget.
 
 use super::*;
 
@@ -44,96 +44,109 @@ impl Node {
         // Strictly increasing per link (see `Link::floor`); at most a few ns ahead of `now`.
         let sent_at = now.max(link.last_sent + 1);
         link.last_sent = sent_at;
-        link.sends = link.sends.wrapping_add(1);
-        let send_dead = link.dead_sent != dead_version || link.sends.is_multiple_of(16);
-        link.dead_sent = dead_version;
+        let sent = &mut link.delta;
+        sent.sends = sent.sends.wrapping_add(1);
+        let send_dead = sent.dead_sent != dead_version || sent.sends.is_multiple_of(16);
+        sent.dead_sent = dead_version;
+        let refresh = sent
+            .sends
+            .is_multiple_of(delta::REFRESH_EVERY)
+            .then(|| link.delta.refresh_from());
+        let acked = link.delta.acked();
+        let to_inc = link.inc;
+        let credit = link.delta.credit(now, cfg.link_budget, cfg.cycle);
+        // Retirement lists are rebuilt at every send (and confirmations are sent again when
+        // the peer asks again): a share of the datagram each, the rest next time.
+        let list_room = (cfg.max_message_bytes / 4 / 30).max(1);
         let mut retire = Vec::new();
         let mut retired = Vec::new();
-        let mut omitted = Vec::new();
-        let mut keys: Vec<KeyEntry> = if link.neighbour {
-            self.keys
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, (&key, ks))| {
-                    let (mut relay, mut relay_hops) = if relaying {
-                        let plan = plans
-                            .and_then(|v| v.get(i).copied())
-                            .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
-                        Self::relay_ask(plan, to, Self::has_spare(ks, to), usable)
-                    } else {
-                        (0.0, 0)
-                    };
-                    // A real request first; a quiet key's level request only without one.
-                    if leveling && ks.quiet && relay == 0.0 {
-                        (relay, relay_hops) = Self::level_ask(ks, to, usable, floor, max_hops);
-                    }
-                    let relay = relay as f32;
-                    let lk = ks.links.get(&to).copied().unwrap_or_default();
-                    if lk.retiring().is_some() {
-                        retire.push((key, lk.given, lk.seen));
-                    }
-                    if let Some(t) = lk.tomb() {
-                        retired.push((key, t));
-                    }
-                    if (relay != lk.relay_sent || lk.given != lk.given_sent)
-                        && let Some(l) = ks.links.get_mut(&to)
-                    {
-                        l.relay_sent = relay;
-                        l.given_sent = l.given;
-                    }
-                    let own = ks.own();
-                    let demand = ks.demand.estimate();
-                    let measure = cfg.measure_of(key);
-                    let mut indicator = measure.indicator(demand, own as f64);
-                    if matches!(measure, Measure::MaxMin) {
-                        let gamma = cfg.gain_of(key, base_gamma);
-                        indicator = max_min_indicator(ks, own, demand, gamma * degree);
-                    }
-                    let entry = KeyEntry {
+        let mut cands = Vec::new();
+        let mut seq = self.change_seq;
+        if link.neighbour {
+            for (i, (&key, ks)) in self.keys.iter_mut().enumerate() {
+                let (mut relay, mut relay_hops) = if relaying {
+                    let plan = plans
+                        .and_then(|v| v.get(i).copied())
+                        .unwrap_or_else(|| Self::relay_plan(ks, usable, max_hops, reservation));
+                    Self::relay_ask(plan, to, Self::has_spare(ks, to), usable)
+                } else {
+                    (0.0, 0)
+                };
+                // A real request first; a quiet key's level request only without one.
+                if leveling && ks.quiet && relay == 0.0 {
+                    (relay, relay_hops) = Self::level_ask(ks, to, usable, floor, max_hops);
+                }
+                let lk = ks.links.get(&to).copied();
+                let l = lk.unwrap_or_default();
+                if l.retiring().is_some() && retire.len() < list_room {
+                    retire.push((key, l.given, l.seen));
+                }
+                if let Some(t) = l.tomb()
+                    && retired.len() < list_room
+                {
+                    retired.push((key, t));
+                }
+                let own = ks.own();
+                let demand = ks.demand.estimate();
+                let measure = cfg.measure_of(key);
+                let gamma = cfg.gain_of(key, base_gamma);
+                let mut indicator = measure.indicator(demand, own as f64);
+                if matches!(measure, Measure::MaxMin) {
+                    indicator = max_min_indicator(ks, own, demand, gamma * degree);
+                }
+                let advert = delta::Advert {
+                    indicator: indicator as f32,
+                    saturated: saturated_all
+                        || (measure.bounded_by_demand() && own as f64 >= demand),
+                    idle: ks.quiet,
+                };
+                // News for the peer: capacity recorded for it that no message carried, or a
+                // relay request it has not heard (a neighbour we hold nothing with for the
+                // key hears requests with the key's changes and refreshes).
+                let urgent = l.given != l.given_sent
+                    || lk.is_some_and(|l| relay_changed(l.relay_sent, relay));
+                if urgent || ks.advert.is_none_or(|a| a.moved(&advert, gamma * degree)) {
+                    ks.advert = Some(advert);
+                    seq += 1;
+                    ks.changed = seq;
+                }
+                cands.push(delta::Candidate {
+                    entry: KeyEntry {
                         key,
-                        given: lk.given,
-                        seen: lk.seen,
-                        indicator: indicator as f32,
-                        saturated: saturated_all
-                            || (measure.bounded_by_demand() && own as f64 >= demand),
-                        relay,
+                        given: l.given,
+                        seen: l.seen,
+                        indicator: advert.indicator,
+                        saturated: advert.saturated,
+                        relay: relay as f32,
                         relay_hops,
                         idle: ks.quiet,
-                    };
-                    // A quiet key with nothing on this link, to a neighbour quiet too: the
-                    // entry says only "idle, nothing", which is what its absence from a
-                    // message holding all our keys says (`Message::all_keys`; the law does not
-                    // run between quiet ends). Kept aside, and sent only if the message must
-                    // be split (then absence says nothing).
-                    if ks.quiet
-                        && lk.peer_idle
-                        && lk.given == 0
-                        && lk.seen == 0
-                        && !lk.frozen()
-                        && relay == 0.0
-                        && lk.relay_sent == 0.0
-                    {
-                        omitted.push(entry);
-                        return None;
-                    }
-                    Some(entry)
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let confirm: Vec<Key> = self
-            .confirms
-            .remove(&to)
-            .map(|c| c.into_iter().collect())
-            .unwrap_or_default();
-        let message = Message {
+                    },
+                    changed: ks.changed,
+                    urgent,
+                    // A gift is due until the peer's `seen` says it arrived.
+                    due: ks.changed > acked || l.given > l.acked,
+                });
+            }
+        }
+        self.change_seq = seq;
+        let mut confirm: Vec<Key> = Vec::new();
+        if let Some(mut c) = self.confirms.remove(&to) {
+            while confirm.len() < list_room
+                && let Some(k) = c.pop_first()
+            {
+                confirm.push(k);
+            }
+            if !c.is_empty() {
+                self.confirms.insert(to, c);
+            }
+        }
+        let mut message = Message {
             from_inc: self.inc,
-            to_inc: link.inc,
+            to_inc,
             sent_at,
             echo,
             lifecycle: self.lifecycle,
-            all_keys: link.neighbour,
+            all_keys: false,
             rest: false,
             keys: Vec::new(),
             retire,
@@ -143,17 +156,36 @@ impl Node {
             dead: Vec::new(),
             audit: None,
         };
-        let mut message = message;
         if send_dead {
             message.dead = self.dead_list();
         }
         message.audit = self.audit_field(to);
-        let cap = self.cfg.max_message_bytes;
-        if !omitted.is_empty() && !fits_one(wire::encoded_len(&message), &keys, cap) {
-            keys.append(&mut omitted);
-            keys.sort_unstable_by_key(|e| e.key);
+        // One datagram at most, and no more than the link's budget: what is left out goes
+        // next time (it is still due).
+        let head = wire::encoded_len(&message) + delta::COUNT_SLACK;
+        let room = credit.min(self.cfg.max_message_bytes).saturating_sub(head);
+        let (keys, horizon, all, last) = delta::choose(cands, room, acked, seq, refresh);
+        for e in &keys {
+            if let Some(lk) = self
+                .keys
+                .get_mut(&e.key)
+                .and_then(|ks| ks.links.get_mut(&to))
+            {
+                lk.relay_sent = e.relay;
+                lk.given_sent = lk.given;
+            }
         }
-        split(message, keys, cap, to, &mut self.outbox);
+        message.all_keys = all && self.links.get(&to).is_some_and(|l| l.neighbour);
+        message.keys = keys;
+        let bytes = wire::encoded_len(&message);
+        if let Some(link) = self.links.get_mut(&to) {
+            link.delta.spend(bytes);
+            link.delta.record(sent_at, to_inc, horizon);
+            if let Some(k) = last {
+                link.delta.refreshed_to(k);
+            }
+        }
+        self.outbox.push(Outgoing { to, message });
     }
 }
 

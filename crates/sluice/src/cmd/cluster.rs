@@ -134,6 +134,8 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.fallback = parse_fallback(&args.fallback)?;
+    spec.max_keys = usize::try_from(args.max_cluster_keys)?;
+    spec.link_budget = usize::try_from(args.peer_budget)?;
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
     let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;

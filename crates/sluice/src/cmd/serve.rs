@@ -134,6 +134,17 @@ pub(crate) struct Args {
     /// more burst than it would have (counted in /metrics as forced evictions).
     #[arg(long, value_name = "N", default_value = "1000000")]
     max_keys: usize,
+    /// Most keys with coordinated state per node, in a cluster. At the cap a new heavy key
+    /// stays on the static split (1/N of its limit here, which is safe), and idle keys are
+    /// retired at once to make room (docs/PROTOCOL.md "Many keys").
+    #[arg(long, value_name = "N", default_value = "100000",
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub(super) max_cluster_keys: u64,
+    /// Peer bytes per cycle per link, in a cluster: a burst of changed keys goes out over
+    /// several cycles, so a receiver's socket buffer never overflows.
+    #[arg(long, value_name = "BYTES", default_value = "60000",
+          value_parser = clap::value_parser!(u64).range(1_000..=100_000_000))]
+    pub(super) peer_budget: u64,
     /// gRPC worker threads, each with its own single-threaded runtime; connections are
     /// handed to them in turn [default: the cores this process may use].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..1025))]

@@ -135,6 +135,8 @@ pub(crate) struct Cluster {
     /// the nodes after them are joiners, started with `joiners[i − founding]`'s flags.
     founding: usize,
     joiners: Vec<Vec<String>>,
+    /// More `sluice serve` flags for every node.
+    args: Vec<String>,
 }
 
 /// How a joiner finds the running cluster.
@@ -160,6 +162,18 @@ impl Cluster {
         start: Start,
         yaml: &str,
         rates: &[f64],
+    ) -> Self {
+        Self::with_args(name, n, start, yaml, rates, &[])
+    }
+
+    /// [`Cluster::with_rules`] with more `sluice serve` flags for every node.
+    pub(crate) fn with_args(
+        name: &str,
+        n: usize,
+        start: Start,
+        yaml: &str,
+        rates: &[f64],
+        args: &[&str],
     ) -> Self {
         let dir = std::env::temp_dir().join(format!("sluice-chaos-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -196,6 +210,7 @@ impl Cluster {
                 .collect(),
             founding: n,
             joiners: Vec::new(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         for i in 0..n {
             c.start(i);
@@ -292,6 +307,7 @@ impl Cluster {
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
+            .args(&self.args)
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);

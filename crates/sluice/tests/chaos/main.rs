@@ -12,6 +12,7 @@
 
 mod elastic;
 mod harness;
+mod heavy_flood;
 
 use std::time::Duration;
 

@@ -1,0 +1,149 @@
+//! A flood of keys each heavy enough to be coordinated (docs/PROTOCOL.md "Many keys"): they
+//! create state, which the cap bounds, and change entries, which the link budget paces.
+
+use super::*;
+
+/// A busy tenant key next to a flood of new `remote_address` keys that are each *heavy*:
+/// three requests in a row at one node, above the node's split of the key's limit, so each
+/// is coordinated (it gets state and goes to the peers). The busy key must keep its fair
+/// admission during and after the flood, no datagram may be dropped, no node may restart,
+/// no node may hold state for more keys than `--max-cluster-keys`, and memory stays
+/// bounded.
+#[test]
+fn a_heavy_key_flood_is_capped_and_paced() {
+    if long() {
+        // 2,000 new heavy keys/s for 60 s (120,000 keys) against the default cap.
+        heavy_flood("heavy-key-flood-long", 60, 2_000.0, 100_000);
+    } else {
+        // 600 new heavy keys/s for 6 s (3,600 keys) against a cap of 1,500.
+        heavy_flood("heavy-key-flood", 6, 600.0, 1_500);
+    }
+}
+
+fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
+    let _one = serial();
+    let yaml = format!(
+        "{}  - key: remote_address\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: 20\n      algorithm: gcra\n      burst: 5\n      \
+         coordination: cluster\n",
+        harness::rule_yaml()
+    );
+    let cap_arg = cap.to_string();
+    let c = Cluster::with_args(
+        name,
+        3,
+        Start::StateFile,
+        &yaml,
+        &[],
+        &["--max-cluster-keys", &cap_arg],
+    );
+    let incs: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
+    let busy = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    let rss_before: Vec<u64> = (0..3).map(|i| c.rss(i).unwrap_or(0)).collect();
+    let flood_from = busy.elapsed();
+    let conns = 4;
+    // Three requests per key: `keys_per_s` requests per second at each of the three nodes.
+    let rates: Vec<_> = (0..3).map(|i| (i, c.addr(i), keys_per_s)).collect();
+    // Request `n` of the flood (`n = k · stride + connection`): every connection asks for
+    // each of its keys three times in a row.
+    let stride = (rates.len() * conns) as u64;
+    let flood = Load::start_with(&rates, conns, move |n| {
+        let k = n / stride / 3 * stride + n % stride;
+        format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
+            (k >> 16) & 255,
+            (k >> 8) & 255,
+            k & 255
+        )
+    });
+    // Every second: the keys with state at each node (never above the cap) and its RSS.
+    let mut most_keys = 0;
+    let mut rss_most = vec![0u64; 3];
+    for _ in 0..secs {
+        std::thread::sleep(SEC);
+        for (i, most_rss) in rss_most.iter_mut().enumerate() {
+            let keys = c
+                .status(i)
+                .and_then(|s| s["coordinated_keys"].as_u64())
+                .unwrap_or(0) as usize;
+            most_keys = most_keys.max(keys);
+            *most_rss = (*most_rss).max(c.rss(i).unwrap_or(0));
+        }
+    }
+    let flooded = flood.finish();
+    let flood_to = busy.elapsed();
+    std::thread::sleep(4 * SEC);
+    let r = busy.finish();
+    let drops: u64 = (0..3)
+        .filter_map(|i| harness::udp_drops(c.peer_port(i)))
+        .sum();
+    let incs_after: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
+    let refused: u64 = (0..3)
+        .filter_map(|i| c.status(i).and_then(|s| s["keys_refused"].as_u64()))
+        .sum();
+    let keys = flooded.answers.len() / 3;
+    let floor = LIMIT * 95 / 100;
+    let (least_during, at) = r.min_window(SEC, flood_from, flood_to);
+    let (least_after, at_after) = r.min_window(SEC, flood_to, r.end);
+    let most = assert_no_overshoot(name, &r, 3);
+    // Memory the flood added per key with state (the keys' engine entries included).
+    let grown = (0..3)
+        .map(|i| rss_most[i].saturating_sub(rss_before[i]))
+        .max()
+        .unwrap_or(0);
+    let per_key = grown / most_keys.max(1) as u64;
+    report(
+        name,
+        &[
+            ("flood_keys", keys.to_string()),
+            ("most_coordinated_keys", most_keys.to_string()),
+            ("cap", cap.to_string()),
+            ("refusals", refused.to_string()),
+            ("busy_least_1s_during", least_during.to_string()),
+            ("busy_least_1s_after", least_after.to_string()),
+            ("busy_max_1s", most.to_string()),
+            ("udp_drops", drops.to_string()),
+            (
+                "rss_kib_before",
+                format!(
+                    "{:?}",
+                    rss_before.iter().map(|b| b / 1024).collect::<Vec<_>>()
+                ),
+            ),
+            (
+                "rss_kib",
+                format!(
+                    "{:?}",
+                    rss_most.iter().map(|b| b / 1024).collect::<Vec<_>>()
+                ),
+            ),
+            ("rss_growth_per_coordinated_key_b", per_key.to_string()),
+            ("incarnations", format!("{incs:?} -> {incs_after:?}")),
+        ],
+    );
+    assert_eq!(incs, incs_after, "{name}: a node restarted itself");
+    assert_eq!(
+        drops, 0,
+        "{name}: the kernel dropped {drops} peer datagrams"
+    );
+    assert!(most_keys > 0, "{name}: no flood key was coordinated");
+    assert!(
+        most_keys <= cap,
+        "{name}: a node held state for {most_keys} keys (cap {cap})"
+    );
+    assert!(
+        least_during >= floor,
+        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood"
+    );
+    assert!(
+        least_after >= floor,
+        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood"
+    );
+    // A fixed base plus at most 2 kB per key with state (engine entries included).
+    let bound = 64 * 1024 * 1024 + 2048 * cap as u64;
+    assert!(
+        rss_most.iter().all(|&b| b <= bound),
+        "{name}: RSS {rss_most:?} above {bound} bytes"
+    );
+}
