@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sluice_coord::law::Measure;
-use sluice_coord::node::Node;
+use sluice_coord::node::{LinkState, Node};
 use sluice_coord::stability::max_gain;
 use sluice_coord::wire::NodeId;
 use sluice_graph::{Topology, auto_gamma};
@@ -127,4 +127,81 @@ pub(super) fn gain(spec: &ClusterSpec, measure: &Measure) -> Result<f64, Cluster
 /// `now`, and refuses — keeping the old γ — otherwise).
 pub(super) fn apply_gamma(node: &mut Node, gamma: f64, now: u64) -> bool {
     node.set_gamma(gamma, now).is_ok()
+}
+
+impl<T: crate::peer::Transport> super::Cluster<T> {
+    /// `gamma: auto`: recomputes γ* when the set of members heard within a lease changed
+    /// (see the module documentation). Runs right before `tick`, with its `now`, so the law
+    /// never gives with a gain computed for fewer neighbours than it gives to.
+    pub(super) fn follow_membership(&self, d: &mut super::Driven, now: u64) {
+        let Some(auto) = &self.auto else { return };
+        // Nobody is declared dead before a lease has passed; until then the configured
+        // members are the membership (and peers not heard from yet are not missing).
+        if now < d.node.config().lease {
+            return;
+        }
+        let mut live = BTreeSet::from([self.me]);
+        let mut degree = 0.0;
+        // The configured peers, and (every node linking every other, no topology given)
+        // the nodes that joined at run time.
+        let joined = self
+            .spec
+            .topology
+            .is_none()
+            .then(|| d.node.membership().live);
+        let candidates = self
+            .peers
+            .values()
+            .map(|p| (p.id, p.weight))
+            .chain(joined.iter().flatten().map(|&(id, _)| (id, 1.0)));
+        for (id, weight) in candidates {
+            if id != self.me
+                && !live.contains(&id)
+                && matches!(
+                    d.node.link_state(id, now),
+                    Some(LinkState::Up | LinkState::Suspect)
+                )
+            {
+                live.insert(id);
+                degree += weight;
+            }
+        }
+        if live == d.live {
+            return;
+        }
+        let old = d.gamma_auto;
+        let complete;
+        let auto = if self.spec.topology.is_none() {
+            complete = AutoGamma {
+                edges: complete_edges(&live),
+                measure: auto.measure,
+            };
+            &complete
+        } else {
+            auto
+        };
+        match auto_gain(self.me, &live, auto, degree, false) {
+            Ok(Some(g)) => {
+                d.gamma_auto = Some(g);
+                let applied = apply_gamma(&mut d.node, g, now);
+                tracing::info!(
+                    node = self.me,
+                    live = ?live,
+                    gamma_auto = g,
+                    previous = ?old,
+                    in_use = d.node.config().gamma,
+                    applied,
+                    "membership changed: recomputed gamma"
+                );
+            }
+            // Alone: nobody to give to, γ is moot; keep the last value.
+            Ok(None) => {
+                tracing::info!(node = self.me, live = ?live, "membership changed: no live neighbour");
+            }
+            Err(e) => {
+                tracing::warn!(node = self.me, live = ?live, error = %e, "cannot recompute gamma");
+            }
+        }
+        d.live = live;
+    }
 }
