@@ -855,6 +855,7 @@ pub fn parse_fallback(text: &str) -> Result<Fallback, ClusterError> {
 
 #[cfg(test)]
 mod tests {
+    use super::gamma::auto_gain;
     use super::*;
 
     fn complete(n: u32) -> AutoGamma {
