@@ -133,6 +133,7 @@ impl Node {
             sent_at,
             echo,
             lifecycle: self.lifecycle,
+            members: self.members_digest,
             all_keys: link.neighbour,
             rest: false,
             keys: Vec::new(),
