@@ -1,8 +1,9 @@
 //! Messages between nodes and their compact binary encoding (docs/PROTOCOL.md, "Messages").
 //!
 //! One [`Message`] per link and send carries every active key in one batch. Integers are
-//! LEB128 varints, indicators `f32`. [`decode`] never panics: malformed input gives a
-//! [`WireError`] (checked by a proptest on random bytes).
+//! LEB128 varints, indicators `f32`, the members digest 8 little-endian bytes. A build reads
+//! and writes its [`VERSION`] and the one before ([`MIN_VERSION`]). [`decode`] never
+//! panics: malformed input gives a [`WireError`] (checked by a proptest on random bytes).
 
 /// A node id.
 pub type NodeId = u32;

@@ -49,11 +49,13 @@ use tokio::time::Instant;
 
 mod addrs;
 mod gamma;
+mod version;
 
 pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_peers};
 
 use addrs::Addrs;
 use gamma::{AutoGamma, apply_gamma, auto_edges, auto_gain, gain};
+use version::Versions;
 
 use crate::engine::Engine;
 use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
@@ -119,6 +121,9 @@ pub struct ClusterSpec {
     pub resolver: Arc<dyn Resolver>,
     /// How often the peers given by name are looked up again.
     pub resolve_every: Duration,
+    /// The highest wire version spoken and accepted (per link, the peer's if lower: see
+    /// `version`); below `wire::VERSION` only to test upgrades (`--wire-version`).
+    pub wire_version: u8,
 }
 
 impl ClusterSpec {
@@ -139,6 +144,7 @@ impl ClusterSpec {
             state_file: None,
             resolver: Arc::new(SystemResolver),
             resolve_every: RESOLVE_EVERY,
+            wire_version: wire::VERSION,
         }
     }
 }
@@ -201,6 +207,8 @@ pub struct Cluster<T: Transport = UdpSocket> {
     auto: Option<AutoGamma>,
     /// See [`ClusterSpec::state_file`].
     state_file: Option<std::path::PathBuf>,
+    /// The wire version spoken on each link.
+    versions: Versions,
 }
 
 #[derive(Debug)]
@@ -275,6 +283,7 @@ impl<T: Transport> Cluster<T> {
                 spec.lease, spec.cycle
             )));
         }
+        let versions = Versions::new(spec.wire_version)?;
         let mut members: Vec<NodeId> = peers.keys().copied().collect();
         members.push(spec.node_id);
         members.sort_unstable();
@@ -346,6 +355,7 @@ impl<T: Transport> Cluster<T> {
             guard,
             auto,
             state_file: spec.state_file.clone(),
+            versions,
         }))
     }
 
@@ -604,7 +614,7 @@ impl<T: Transport> Cluster<T> {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let msg = match wire::decode(payload) {
+        let msg = match self.versions.decode(from, payload) {
             Ok(msg) => msg,
             // Counted apart: an authentic peer on another wire version is a rolling upgrade
             // in progress (or a forgotten node), not an attack or a bug; see docs/PROTOCOL.md.
@@ -700,7 +710,8 @@ impl<T: Transport> Cluster<T> {
             };
             // A message too large for one datagram is dropped: like a lost one it only
             // delays (the next one carries the same counters). See docs/PROTOCOL.md.
-            if let Ok(d) = peer::seal(&self.key, self.me, m.to, &wire::encode(&m.message)) {
+            let payload = self.versions.encode(m.to, &m.message);
+            if let Ok(d) = peer::seal(&self.key, self.me, m.to, &payload) {
                 out.push((addr, d));
             }
         }
@@ -780,6 +791,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                     }
                     .into(),
                     incarnation: node.peer_incarnation(p.id),
+                    wire_version: self.versions.speak(p.id),
                 }
             })
             .collect();
@@ -841,6 +853,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 rejected_unauthenticated: c.rejected_unauthenticated.load(Ordering::Relaxed),
                 rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
                 rejected_version: c.rejected_version.load(Ordering::Relaxed),
+                rejected_membership: node.refused_membership(),
                 unaddressed: c.unaddressed.load(Ordering::Relaxed),
             },
         }

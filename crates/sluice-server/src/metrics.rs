@@ -24,11 +24,12 @@
 //! | `sluice_engine_evictions_total` | counter | `reason` (`idle`, `forced`) |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
+//! | `sluice_cluster_peer_wire_version` | gauge | `peer` |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
-//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`) |
+//! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`, `membership`) |
 //! | `sluice_cluster_peers_unresolved` | gauge | |
 //! | `sluice_peer_unaddressed_total` | counter | |
 //! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
@@ -641,6 +642,21 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
             )?;
         }
     }
+    {
+        let g = ConstGauge::new(0i64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_cluster_peer_wire_version",
+            "Wire version this node speaks to the peer (the latest it heard from it, at most \
+             its own)",
+            None,
+            g.metric_type(),
+        )?;
+        for member in &s.members {
+            let peer = member.id.to_string();
+            ConstGauge::new(i64::from(member.wire_version))
+                .encode(m.encode_family(&[("peer", peer.as_str())])?)?;
+        }
+    }
     for (name, help, value) in [
         (
             "sluice_cluster_share",
@@ -770,6 +786,7 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
         ("unauthenticated", p.rejected_unauthenticated),
         ("malformed", p.rejected_malformed),
         ("version", p.rejected_version),
+        ("membership", p.rejected_membership),
     ] {
         ConstCounter::new(v).encode(m.encode_family(&[("reason", reason)])?)?;
     }

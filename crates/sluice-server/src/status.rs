@@ -108,6 +108,9 @@ pub struct MemberStatus {
     pub link: String,
     /// The incarnation our link is with (0: none: never heard, or dead).
     pub incarnation: u64,
+    /// The wire version this node speaks to it: the version of the latest message heard
+    /// from it, at most ours; ours before it is heard (docs/PROTOCOL.md, "Versions").
+    pub wire_version: u8,
 }
 
 /// Incarnations up to `incarnation` of `node` are dead or fenced.
@@ -155,9 +158,13 @@ pub struct PeerCounters {
     pub rejected_unauthenticated: u64,
     /// Datagrams rejected: authentic but undecodable.
     pub rejected_malformed: u64,
-    /// Datagrams rejected: authentic, from a peer speaking another wire version (a rolling
-    /// upgrade across versions, see docs/PROTOCOL.md "Upgrades").
+    /// Datagrams rejected: authentic, from a peer speaking a wire version this node does not
+    /// read (a peer's first messages before the link settles on the version both speak, or
+    /// a peer more than one version apart: docs/PROTOCOL.md, "Versions").
     pub rejected_version: u64,
+    /// Messages ignored: authentic and decoded, from a peer started with other voting
+    /// members (a configuration mistake: it would count other quorums and shares).
+    pub rejected_membership: u64,
     /// Messages not sent: the peer's name had not resolved yet.
     pub unaddressed: u64,
 }

@@ -660,6 +660,7 @@ fn clustered() -> ClusterStatus {
             weight: 0.5,
             link: "up".into(),
             incarnation: 1,
+            wire_version: 13,
         },
         MemberStatus {
             id: 3,
@@ -669,6 +670,7 @@ fn clustered() -> ClusterStatus {
             weight: 0.5,
             link: "down".into(),
             incarnation: 0,
+            wire_version: 12,
         },
     ];
     s.default_share = 1.0 / 3.0;
@@ -732,6 +734,10 @@ async fn health_readiness_and_cluster_status() {
         assert_eq!(
             m.get("sluice_cluster_link", &[("peer", "1"), ("state", "down")]),
             Some(0.0)
+        );
+        assert_eq!(
+            m.get("sluice_cluster_peer_wire_version", &[("peer", "3")]),
+            Some(12.0)
         );
         // This node's share per key, and per rule (named as the decision series name it).
         let labels = [

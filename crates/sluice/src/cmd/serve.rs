@@ -80,6 +80,10 @@ pub(crate) struct Args {
     /// first start (the initial share): give it only to a node that never ran before.
     #[arg(long)]
     incarnation: Option<u64>,
+    /// Testing: speak and accept at most this peer wire version, as a node of the build
+    /// that introduced it would (to rehearse a rolling upgrade). Default: this build's.
+    #[arg(long, value_name = "N", value_parser = wire_version)]
+    wire_version: Option<u8>,
     /// How often to look for changed configuration files (`off` to never reload).
     #[arg(long, default_value = "1s")]
     watch: String,
@@ -139,6 +143,15 @@ pub(super) fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("{flag}: `{text}` is not a duration (e.g. 100ms, 1s)"))
 }
 
+/// `--wire-version`: one this build speaks.
+fn wire_version(text: &str) -> Result<u8, String> {
+    use sluice_coord::wire::{MIN_VERSION, VERSION};
+    text.parse()
+        .ok()
+        .filter(|v| (MIN_VERSION..=VERSION).contains(v))
+        .ok_or_else(|| format!("this build speaks wire versions {MIN_VERSION} to {VERSION}"))
+}
+
 fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
     let text = match file {
         Some(f) => std::fs::read_to_string(f)
@@ -188,6 +201,9 @@ fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, SocketAddr)>
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.fallback = parse_fallback(&args.fallback)?;
+    if let Some(v) = args.wire_version {
+        spec.wire_version = v;
+    }
     // The daemon rewrites the file when the node reincarnates while running.
     spec.state_file = args.state_file.clone();
     let start = super::incarnation::at_start(args.state_file.as_deref(), args.incarnation)?;
