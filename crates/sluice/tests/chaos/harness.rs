@@ -131,6 +131,8 @@ pub(crate) struct Cluster {
     /// Each node's clock rate against real time (1: its own clock; otherwise it runs under
     /// libfaketime at that rate).
     rates: Vec<f64>,
+    /// Each node's extra `sluice serve` arguments (e.g. an older wire version).
+    args: Vec<Vec<String>>,
 }
 
 impl Cluster {
@@ -146,6 +148,15 @@ impl Cluster {
         yaml: &str,
         rates: &[f64],
     ) -> Self {
+        Self::build(name, n, start, yaml, rates, &[])
+    }
+
+    /// `n` nodes, every one started with `args` too, and healthy.
+    pub(crate) fn with_args(name: &str, n: usize, start: Start, args: &[&str]) -> Self {
+        Self::build(name, n, start, &rule_yaml(), &[], args)
+    }
+
+    fn build(name: &str, n: usize, start: Start, yaml: &str, rates: &[f64], args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("sluice-chaos-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -179,6 +190,7 @@ impl Cluster {
             rates: (0..n)
                 .map(|i| rates.get(i).copied().unwrap_or(1.0))
                 .collect(),
+            args: vec![args.iter().map(|a| (*a).to_owned()).collect(); n],
         };
         for i in 0..n {
             c.start(i);
@@ -191,6 +203,11 @@ impl Cluster {
 
     pub(crate) fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The extra arguments of node `id`'s next starts.
+    pub(crate) fn set_args(&mut self, id: usize, args: &[&str]) {
+        self.args[id] = args.iter().map(|a| (*a).to_owned()).collect();
     }
 
     pub(crate) fn start(&mut self, id: usize) {
@@ -222,6 +239,7 @@ impl Cluster {
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
+            .args(&self.args[id])
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);
