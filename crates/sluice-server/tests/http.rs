@@ -686,6 +686,7 @@ fn clustered() -> ClusterStatus {
     s.peer.messages_sent = 7;
     s.peer.bytes_sent = 700;
     s.peer.rejected_unauthenticated = 1;
+    s.peer.rejected_membership = 2;
     s.peers_unresolved = 1;
     s.peer.unaddressed = 3;
     s.audit_rounds = 4;
@@ -768,6 +769,10 @@ async fn health_readiness_and_cluster_status() {
                 &[("reason", "unauthenticated")]
             ),
             Some(1.0)
+        );
+        assert_eq!(
+            m.get("sluice_peer_rejected_total", &[("reason", "membership")]),
+            Some(2.0)
         );
         // The capacity audits this node ran as their root, and what they minted again.
         assert_eq!(m.get("sluice_cluster_audit_rounds_total", &[]), Some(4.0));
