@@ -2,7 +2,8 @@
 # The chaos suite of the real stack: `sluice serve` processes on 127.0.0.1, a client that
 # counts what they admit in sliding 1 s windows, and kill -9 / restart (with and without a
 # state file), crashes after restarts, SIGSTOP/SIGCONT around the lease, rolling restarts by
-# SIGTERM, key floods, a flood at one node; then the token server's failures.
+# SIGTERM, a rolling upgrade onto the next wire version (and back, in the long version), key
+# floods, a flood at one node; then the token server's failures.
 # Each scenario prints one line: `chaos NAME: field=value ...` (overshoot as the largest 1 s
 # window against L + burst = 1,100, recovery times, RSS, UDP drops, incarnations).
 #

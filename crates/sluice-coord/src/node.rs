@@ -366,6 +366,10 @@ pub struct Node {
     cfg: Config,
     /// The members, sorted (the quorums are made of them).
     members: Vec<NodeId>,
+    /// Their digest, in every message we send ([`Message::members`]).
+    members_digest: u64,
+    /// Messages ignored because their sender has other members.
+    refused_membership: u64,
     inc: u64,
     lifecycle: Lifecycle,
     /// What a key without state holds here: the start holding (initial share or
@@ -460,6 +464,8 @@ impl Node {
         }
         let mut node = Self {
             members: cfg.sorted_members(),
+            members_digest: wire::members_digest(&cfg.members),
+            refused_membership: 0,
             inc: cfg.incarnation,
             lifecycle: if member {
                 Lifecycle::Active
@@ -608,6 +614,13 @@ impl Node {
     #[must_use]
     pub fn peer_incarnation(&self, peer: NodeId) -> u64 {
         self.links.get(&peer).map_or(0, |l| l.inc)
+    }
+
+    /// Messages ignored because their sender stated other voting members
+    /// ([`Message::members`]): a node started with another member list.
+    #[must_use]
+    pub fn refused_membership(&self) -> u64 {
+        self.refused_membership
     }
 
     /// The share held for `key` (what the ledger says; enforced or not).

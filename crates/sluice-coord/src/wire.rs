@@ -1,18 +1,42 @@
 //! Messages between nodes and their compact binary encoding (docs/PROTOCOL.md, "Messages").
 //!
 //! One [`Message`] per link and send carries every active key in one batch. Integers are
-//! LEB128 varints, indicators `f32`. [`decode`] never panics: malformed input gives a
-//! [`WireError`] (checked by a proptest on random bytes).
+//! LEB128 varints, indicators `f32`, the members digest 8 little-endian bytes. A build reads
+//! and writes its [`VERSION`] and the one before ([`MIN_VERSION`]). [`decode`] never
+//! panics: malformed input gives a [`WireError`] (checked by a proptest on random bytes).
 
 /// A node id.
 pub type NodeId = u32;
 /// A dynamic limit key (a hashed IP, a tenant id).
 pub type Key = u64;
 
-/// The encoding's version, its first byte. 12: quorum leases and fences (votes and dead
-/// floors) replace heirs, ledgers and settlements; the audit reports the readers' dead
-/// floors. Earlier versions are in git history.
-pub const VERSION: u8 = 12;
+/// The encoding's version, its first byte, as this build writes it by default. 13: the
+/// sender's members digest ([`Message::members`]). 12: quorum leases and fences (votes and
+/// dead floors), the audit. Earlier versions are in git history.
+pub const VERSION: u8 = 13;
+
+/// The oldest version this build still reads and writes (the previous one: a node of
+/// version N answers a node of N−1 in its version, so a rolling upgrade never partitions a
+/// cluster; docs/PROTOCOL.md, "Versions").
+pub const MIN_VERSION: u8 = 12;
+
+/// A digest of a set of voting members ([`Message::members`]): FNV-1a 64 over the sorted,
+/// deduplicated ids, each as 4 little-endian bytes; never 0 (which says "not stated"), a 0
+/// becomes 1. Stable across builds: every node must compute the same value.
+#[must_use]
+pub fn members_digest(members: &[NodeId]) -> u64 {
+    let mut ids = members.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for id in ids {
+        for b in id.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h.max(1)
+}
 
 /// A node's lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,6 +97,10 @@ pub struct Message {
     pub echo: u64,
     /// Sender's lifecycle.
     pub lifecycle: Lifecycle,
+    /// The digest of the sender's voting members ([`members_digest`]); 0: not stated (a
+    /// version-12 sender). A receiver with other members ignores the message: it would count
+    /// other quorums and initial shares. Since version 13.
+    pub members: u64,
     /// `keys` holds every key the sender has state for (a send that was not split): a key
     /// missing from it has no state at the sender, which is idle there (see [`crate::node`]
     /// "Idle keys").
@@ -172,6 +200,7 @@ impl Default for Message {
             sent_at: 0,
             echo: 0,
             lifecycle: Lifecycle::Joining,
+            members: 0,
             all_keys: false,
             rest: false,
             keys: Vec::new(),
@@ -216,11 +245,11 @@ pub enum WireError {
     Trailing(usize),
 }
 
-/// Encodes a message.
+/// Encodes a message in [`VERSION`].
 #[must_use]
 pub fn encode(m: &Message) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + m.keys.len() * 12);
-    write(m, &mut out);
+    write(m, VERSION, &mut out);
     out
 }
 
@@ -228,7 +257,32 @@ pub fn encode(m: &Message) -> Vec<u8> {
 /// many messages into one buffer instead of allocating one per message.
 pub fn encode_into(m: &Message, out: &mut Vec<u8>) {
     out.reserve(32 + m.keys.len() * 12);
-    write(m, out);
+    write(m, VERSION, out);
+}
+
+/// Encodes a message in `version` (one of [`MIN_VERSION`]`..=`[`VERSION`]): what a peer
+/// of that version reads. Fields the version does not have are left out (version 12:
+/// [`Message::members`], which its receiver then reads as 0).
+///
+/// # Errors
+/// [`WireError::Version`] for a version this build does not write.
+pub fn encode_as(m: &Message, version: u8) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(32 + m.keys.len() * 12);
+    encode_into_as(m, version, &mut out)?;
+    Ok(out)
+}
+
+/// [`encode_as`] appended to `out` (as [`encode_into`]).
+///
+/// # Errors
+/// [`WireError::Version`] for a version this build does not write (`out` is unchanged).
+pub fn encode_into_as(m: &Message, version: u8, out: &mut Vec<u8>) -> Result<(), WireError> {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
+        return Err(WireError::Version(version));
+    }
+    out.reserve(32 + m.keys.len() * 12);
+    write(m, version, out);
+    Ok(())
 }
 
 /// Where [`write`] puts bytes: a buffer, or a counter. One writer for both keeps
@@ -261,8 +315,8 @@ impl Sink for Count {
     }
 }
 
-fn write<S: Sink>(m: &Message, out: &mut S) {
-    out.push(VERSION);
+fn write<S: Sink>(m: &Message, version: u8, out: &mut S) {
+    out.push(version);
     for v in [m.from_inc, m.to_inc, m.sent_at, m.echo] {
         put(out, v);
     }
@@ -275,13 +329,20 @@ fn write<S: Sink>(m: &Message, out: &mut S) {
     // The rare lists are written only when flagged, so the usual message pays nothing.
     let retirements = !(m.retire.is_empty() && m.retired.is_empty() && m.confirm.is_empty());
     let fences = !(m.votes.is_empty() && m.dead.is_empty());
+    // Version 13 added the members digest behind the last free flag bit (a version-12
+    // message is a version-13 one without it).
+    let members = version >= 13 && m.members != 0;
     out.push(
         life | (u8::from(m.all_keys) << 2)
             | (u8::from(m.rest) << 3)
             | (u8::from(retirements) << 4)
             | (u8::from(fences) << 5)
-            | (u8::from(m.audit.is_some()) << 6),
+            | (u8::from(m.audit.is_some()) << 6)
+            | (u8::from(members) << 7),
     );
+    if members {
+        out.extend_from_slice(&m.members.to_le_bytes());
+    }
     put(out, m.keys.len() as u64);
     for e in &m.keys {
         put(out, e.key);
@@ -362,14 +423,22 @@ fn put_audit<S: Sink>(out: &mut S, a: &Audit) {
     }
 }
 
-/// Decodes a message.
+/// Decodes a message of any version this build reads ([`MIN_VERSION`]`..=`[`VERSION`]).
 ///
 /// # Errors
 /// A [`WireError`] saying what is wrong and where.
 pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
+    decode_versioned(bytes).map(|(m, _)| m)
+}
+
+/// [`decode`], and the version the message was written in (what its sender speaks).
+///
+/// # Errors
+/// A [`WireError`] saying what is wrong and where.
+pub fn decode_versioned(bytes: &[u8]) -> Result<(Message, u8), WireError> {
     let mut m = Message::default();
-    decode_into(bytes, &mut m)?;
-    Ok(m)
+    let v = decode_into_versioned(bytes, &mut m)?;
+    Ok((m, v))
 }
 
 /// [`decode`] into `out`, reusing its key list's buffer: a receiver that decodes every
@@ -379,9 +448,17 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
 /// # Errors
 /// A [`WireError`] saying what is wrong and where.
 pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
+    decode_into_versioned(bytes, out).map(|_| ())
+}
+
+/// [`decode_into`], returning the version the message was written in.
+///
+/// # Errors
+/// A [`WireError`] saying what is wrong and where.
+pub fn decode_into_versioned(bytes: &[u8], out: &mut Message) -> Result<u8, WireError> {
     let mut r = Reader { b: bytes, at: 0 };
     let v = r.byte()?;
-    if v != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&v) {
         return Err(WireError::Version(v));
     }
     let from_inc = r.var()?;
@@ -390,9 +467,22 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
     let echo = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    if flags & 0x80 != 0 {
+    if flags & 0x80 != 0 && v < 13 {
         return Err(WireError::Tag { tag: flags, at });
     }
+    let members = if flags & 0x80 != 0 {
+        let at = r.at;
+        let lo = u64::from(u32::from_le_bytes(r.take4()?));
+        let hi = u64::from(u32::from_le_bytes(r.take4()?));
+        // A stated digest is never 0: not what any encoder writes.
+        let d = lo | (hi << 32);
+        if d == 0 {
+            return Err(WireError::Tag { tag: 0, at });
+        }
+        d
+    } else {
+        0
+    };
     let lifecycle = match flags & 3 {
         0 => Lifecycle::Joining,
         1 => Lifecycle::Active,
@@ -475,6 +565,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         sent_at,
         echo,
         lifecycle,
+        members,
         all_keys: flags & 4 != 0,
         rest: flags & 8 != 0,
         keys,
@@ -485,7 +576,7 @@ pub fn decode_into(bytes: &[u8], out: &mut Message) -> Result<(), WireError> {
         dead,
         audit,
     };
-    Ok(())
+    Ok(v)
 }
 
 fn read_audit(r: &mut Reader<'_>) -> Result<Audit, WireError> {
@@ -560,10 +651,11 @@ pub fn key_entry_len(e: &KeyEntry) -> usize {
 }
 
 /// Bytes [`encode`] writes for `m` (counted, not built: senders ask it for every message).
+/// No earlier version writes more.
 #[must_use]
 pub fn encoded_len(m: &Message) -> usize {
     let mut c = Count(0);
-    write(m, &mut c);
+    write(m, VERSION, &mut c);
     c.0
 }
 
@@ -754,11 +846,67 @@ mod tests {
         assert_eq!(buf, m);
     }
 
-    /// A message of another version is refused by its first byte, not misread.
+    /// A message of a version this build does not read is refused by its first byte, not
+    /// misread; nor is one written.
     #[test]
     fn another_version_is_refused() {
-        let mut bytes = encode(&message(2, true));
-        bytes[0] = VERSION - 1;
-        assert_eq!(decode(&bytes), Err(WireError::Version(VERSION - 1)));
+        let m = message(2, true);
+        for v in [MIN_VERSION - 1, VERSION + 1, 0, u8::MAX] {
+            let mut bytes = encode(&m);
+            bytes[0] = v;
+            assert_eq!(decode(&bytes), Err(WireError::Version(v)));
+            assert_eq!(encode_as(&m, v), Err(WireError::Version(v)));
+        }
+    }
+
+    /// Version 13 carries the members digest; version 12 leaves it out (read as 0, "not
+    /// stated"), and refuses the flag bit that announces it. A stated digest is never 0.
+    #[test]
+    fn the_members_digest_is_version_13() {
+        let m = Message {
+            members: members_digest(&[0, 1, 2]),
+            ..message(3, true)
+        };
+        let (back, v) = decode_versioned(&encode(&m)).unwrap();
+        assert_eq!((back, v), (m.clone(), 13));
+        let old = encode_as(&m, 12).unwrap();
+        assert_eq!(old[0], 12);
+        let (back, v) = decode_versioned(&old).unwrap();
+        assert_eq!(v, 12);
+        assert_eq!(
+            back,
+            Message {
+                members: 0,
+                ..m.clone()
+            }
+        );
+        // Without a digest, 13 is 12 but for its first byte.
+        let plain = message(3, true);
+        let (a, b) = (encode(&plain), encode_as(&plain, 12).unwrap());
+        assert_eq!((a[0], &a[1..]), (13, &b[1..]));
+        // The digest's flag in a version-12 message: refused, not misread.
+        let mut forged = encode(&m);
+        forged[0] = 12;
+        assert!(matches!(decode(&forged), Err(WireError::Tag { .. })));
+        // A digest of 0 written out: refused.
+        let mut zero = encode(&m);
+        let flags_at = 1 + [m.from_inc, m.to_inc, m.sent_at, m.echo]
+            .iter()
+            .map(|&x| varint_len(x))
+            .sum::<usize>();
+        zero[flags_at + 1..flags_at + 9].fill(0);
+        assert!(matches!(decode(&zero), Err(WireError::Tag { .. })));
+    }
+
+    /// The digest is a fixed function (every build must agree): FNV-1a 64 of the sorted,
+    /// deduplicated ids as little-endian u32s, never 0.
+    #[test]
+    fn the_members_digest_is_stable() {
+        assert_eq!(members_digest(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(members_digest(&[2, 0, 1, 1]), members_digest(&[0, 1, 2]));
+        assert_ne!(members_digest(&[0, 1, 2]), members_digest(&[0, 1, 3]));
+        assert_ne!(members_digest(&[0, 1]), members_digest(&[0, 1, 2]));
+        // Written down once: a change of the function would split a cluster mid-upgrade.
+        assert_eq!(members_digest(&[0, 1, 2, 3, 4]), 0xeb29_754b_740c_25f1);
     }
 }

@@ -53,12 +53,14 @@ mod discovery;
 mod gamma;
 mod join;
 mod status;
+mod version;
 
 pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_addr, parse_peers};
 pub use discovery::{DiscoverySpec, parse_peers_file};
 
 use addrs::Addrs;
 use gamma::{AutoGamma, auto_edges, gain};
+use version::Versions;
 
 use crate::engine::Engine;
 use crate::peer::{self, MAX_DATAGRAM, PeerKey, Transport};
@@ -132,6 +134,9 @@ pub struct ClusterSpec {
     pub members: Option<Vec<NodeId>>,
     /// Where to find nodes whose ids are not configured (docs/PROTOCOL.md, "Membership").
     pub discovery: DiscoverySpec,
+    /// The highest wire version spoken and accepted (per link, the peer's if lower: see
+    /// `version`); below `wire::VERSION` only to test upgrades (`--wire-version`).
+    pub wire_version: u8,
 }
 
 impl ClusterSpec {
@@ -156,6 +161,7 @@ impl ClusterSpec {
             resolve_every: RESOLVE_EVERY,
             members: None,
             discovery: DiscoverySpec::default(),
+            wire_version: wire::VERSION,
         }
     }
 
@@ -248,6 +254,8 @@ pub struct Cluster<T: Transport = UdpSocket> {
     /// Addresses discovery proposes (see `discovery`).
     candidates: Arc<discovery::Candidates>,
     prefer_v4: bool,
+    /// The wire version spoken on each link.
+    versions: Versions,
 }
 
 #[derive(Debug)]
@@ -342,6 +350,7 @@ impl<T: Transport> Cluster<T> {
                 spec.lease, spec.cycle
             )));
         }
+        let versions = Versions::new(spec.wire_version)?;
         let members = spec.voters();
         let links: Vec<(NodeId, f64)> = spec.peers.iter().map(|p| (p.id, p.weight)).collect();
         let cfg = node_config(spec, members.clone(), links, spec.incarnation)?;
@@ -400,6 +409,7 @@ impl<T: Transport> Cluster<T> {
             spec: spec.clone(),
             candidates: Arc::new(discovery::Candidates::default()),
             prefer_v4,
+            versions,
         }))
     }
 
@@ -652,7 +662,7 @@ impl<T: Transport> Cluster<T> {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let msg = match wire::decode(payload) {
+        let msg = match self.versions.decode(from, payload) {
             Ok(msg) => msg,
             // Counted apart: an authentic peer on another wire version is a rolling upgrade
             // in progress (or a forgotten node), not an attack or a bug; see docs/PROTOCOL.md.
@@ -759,7 +769,8 @@ impl<T: Transport> Cluster<T> {
             };
             // A message too large for one datagram is dropped: like a lost one it only
             // delays (the next one carries the same counters). See docs/PROTOCOL.md.
-            if let Ok(d) = peer::seal(&self.key, self.me, m.to, &wire::encode(&m.message)) {
+            let payload = self.versions.encode(m.to, &m.message);
+            if let Ok(d) = peer::seal(&self.key, self.me, m.to, &payload) {
                 out.push((addr, d));
             }
         }

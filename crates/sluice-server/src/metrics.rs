@@ -24,6 +24,7 @@
 //! | `sluice_engine_evictions_total` | counter | `reason` (`idle`, `forced`) |
 //! | `sluice_cluster_lifecycle`, `sluice_cluster_lease` | gauge (state set: 1 for the current state) | `state` |
 //! | `sluice_cluster_link` | gauge (state set) | `peer`, `state` (`up`, `suspect`, `down`) |
+//! | `sluice_cluster_peer_wire_version` | gauge | `peer` |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
@@ -646,6 +647,21 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
                 &["up", "suspect", "down"],
                 &member.link,
             )?;
+        }
+    }
+    {
+        let g = ConstGauge::new(0i64);
+        let mut m = encoder.encode_descriptor(
+            "sluice_cluster_peer_wire_version",
+            "Wire version this node speaks to the peer (the latest it heard from it, at most \
+             its own)",
+            None,
+            g.metric_type(),
+        )?;
+        for member in &s.members {
+            let peer = member.id.to_string();
+            ConstGauge::new(i64::from(member.wire_version))
+                .encode(m.encode_family(&[("peer", peer.as_str())])?)?;
         }
     }
     for (name, help, value) in [

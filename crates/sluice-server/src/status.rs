@@ -170,6 +170,9 @@ pub struct MemberStatus {
     /// Where this node learned of it: `peers` (configured), `dns:NAME`, `file:PATH`,
     /// `gossip:ID` (another node's directory), `contact` (it wrote to us first).
     pub discovered: Option<String>,
+    /// The wire version this node speaks to it: the version of the latest message heard
+    /// from it, at most ours; ours before it is heard (docs/PROTOCOL.md, "Versions").
+    pub wire_version: u8,
 }
 
 /// Incarnations up to `incarnation` of `node` are dead or fenced.
@@ -217,13 +220,16 @@ pub struct PeerCounters {
     pub rejected_unauthenticated: u64,
     /// Datagrams rejected: authentic but undecodable.
     pub rejected_malformed: u64,
-    /// Datagrams rejected: authentic, from a peer speaking another wire version (a rolling
-    /// upgrade across versions, see docs/PROTOCOL.md "Upgrades").
+    /// Datagrams rejected: authentic, from a peer speaking a wire version this node does not
+    /// read (a peer's first messages before the link settles on the version both speak, or
+    /// a peer more than one version apart: docs/PROTOCOL.md, "Versions").
     pub rejected_version: u64,
+    /// Datagrams ignored: authentic, from a key holder started with other voting members
+    /// (its directories, and its messages, which state the voters from wire version 13): it
+    /// would count other quorums and shares (docs/PROTOCOL.md, "Membership").
+    pub rejected_membership: u64,
     /// Messages not sent: the peer's name had not resolved yet.
     pub unaddressed: u64,
-    /// Directories refused: from a key holder that counts other voting members.
-    pub rejected_membership: u64,
     /// Directories sent (to known nodes and discovered addresses).
     pub directories_sent: u64,
     /// Directories received.

@@ -55,6 +55,12 @@ async fn start(n: usize) -> Vec<Node> {
 }
 
 async fn start_with(n: usize, fairness: &str) -> Vec<Node> {
+    start_versions(n, fairness, &[]).await
+}
+
+/// As [`start_with`], node `i` speaking at most wire version `versions[i]` (the default
+/// past the list's end): a node of the previous build, for upgrades.
+async fn start_versions(n: usize, fairness: &str, versions: &[u8]) -> Vec<Node> {
     let mut sockets = Vec::new();
     for _ in 0..n {
         sockets.push(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -73,6 +79,9 @@ async fn start_with(n: usize, fairness: &str) -> Vec<Node> {
         let mut spec = ClusterSpec::new(i as u32, peers, key());
         spec.cycle = Duration::from_millis(20);
         spec.lease = Duration::from_millis(400);
+        if let Some(&v) = versions.get(i) {
+            spec.wire_version = v;
+        }
         let engine = Arc::new(Engine::new(config(fairness)));
         let cluster = Cluster::new(&spec, socket, &engine).unwrap();
         let (stop, mut rx) = watch::channel(false);
@@ -368,5 +377,43 @@ async fn graceful_leave_hands_the_share_over() {
     let s = nodes[0].cluster.status();
     let share = s.keys.first().map_or(0.0, |k| k.share);
     assert!(share > 0.999, "survivor holds {share} of the limit: {s:?}");
+    stop(nodes).await;
+}
+
+/// A node of the previous wire version among nodes of this one (a rolling upgrade under
+/// way): whichever speaks first, every link comes up on a version both ends read and every
+/// node holds a lease; the new nodes speak the new version between themselves. Both sides
+/// say which version each link speaks. The old node refuses only the new nodes' probes of
+/// the new version (one message in 16), and reads the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_node_and_new_ones_negotiate_the_version() {
+    use sluice_coord::wire::{MIN_VERSION, VERSION};
+    let nodes = start_versions(3, "max-min", &[MIN_VERSION]).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let linked = |n: &Node| {
+        let s = n.cluster.status();
+        s.lease == "valid" && s.members.iter().all(|m| m.link == "up")
+    };
+    while !nodes.iter().all(linked) {
+        assert!(Instant::now() < deadline, "not all linked and leased");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let speaks = |i: usize| -> Vec<(u32, u8)> {
+        let s = nodes[i].cluster.status();
+        s.members.iter().map(|m| (m.id, m.wire_version)).collect()
+    };
+    assert_eq!(speaks(0), [(1, MIN_VERSION), (2, MIN_VERSION)]);
+    assert_eq!(speaks(1), [(0, MIN_VERSION), (2, VERSION)]);
+    assert_eq!(speaks(2), [(0, MIN_VERSION), (1, VERSION)]);
+    let before = nodes[0].cluster.status().peer;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = nodes[0].cluster.status().peer;
+    let read = after.messages_received - before.messages_received;
+    let refused = after.rejected_version - before.rejected_version;
+    assert!(
+        refused >= 1 && refused * 10 <= read,
+        "the old node read {read} messages and refused {refused}"
+    );
+    assert!(nodes.iter().all(linked), "still linked and leased");
     stop(nodes).await;
 }

@@ -662,6 +662,7 @@ fn clustered() -> ClusterStatus {
             incarnation: 1,
             voter: true,
             discovered: Some("peers".into()),
+            wire_version: 13,
         },
         MemberStatus {
             id: 3,
@@ -673,6 +674,7 @@ fn clustered() -> ClusterStatus {
             incarnation: 0,
             voter: false,
             discovered: Some("gossip:1".into()),
+            wire_version: 12,
         },
     ];
     s.default_share = 1.0 / 3.0;
@@ -688,6 +690,7 @@ fn clustered() -> ClusterStatus {
     s.peer.messages_sent = 7;
     s.peer.bytes_sent = 700;
     s.peer.rejected_unauthenticated = 1;
+    s.peer.rejected_membership = 2;
     s.peers_unresolved = 1;
     s.peer.unaddressed = 3;
     s.audit_rounds = 4;
@@ -737,6 +740,10 @@ async fn health_readiness_and_cluster_status() {
             m.get("sluice_cluster_link", &[("peer", "1"), ("state", "down")]),
             Some(0.0)
         );
+        assert_eq!(
+            m.get("sluice_cluster_peer_wire_version", &[("peer", "3")]),
+            Some(12.0)
+        );
         // This node's share per key, and per rule (named as the decision series name it).
         let labels = [
             ("key", "00000000deadbeef"),
@@ -766,6 +773,10 @@ async fn health_readiness_and_cluster_status() {
                 &[("reason", "unauthenticated")]
             ),
             Some(1.0)
+        );
+        assert_eq!(
+            m.get("sluice_peer_rejected_total", &[("reason", "membership")]),
+            Some(2.0)
         );
         // The capacity audits this node ran as their root, and what they minted again.
         assert_eq!(m.get("sluice_cluster_audit_rounds_total", &[]), Some(4.0));

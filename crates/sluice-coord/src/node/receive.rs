@@ -27,6 +27,12 @@ impl Node {
         if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
             return;
         }
+        // A sender with other voting members counts other quorums and initial shares: its
+        // leases, votes and gifts mean nothing here (0: a version-12 sender, not stated).
+        if msg.members != 0 && msg.members != self.members_digest {
+            self.refused_membership += 1;
+            return;
+        }
         // Votes and dead floors are facts about the cluster, whoever tells them.
         self.take_fences(now, &msg.votes, &msg.dead);
         if self.lifecycle == Lifecycle::Left {

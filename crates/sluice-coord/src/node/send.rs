@@ -146,6 +146,7 @@ impl Node {
             sent_at,
             echo,
             lifecycle: self.lifecycle,
+            members: self.members_digest,
             all_keys: false,
             rest: false,
             keys: Vec::new(),

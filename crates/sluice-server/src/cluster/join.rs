@@ -63,6 +63,7 @@ impl<T: Transport> Cluster<T> {
         for &(id, _) in &entries {
             if d.node.link_state(id, now).is_none() {
                 self.addrs.forget(id);
+                self.versions.forget(id);
             }
         }
         let payload = self.directory(d, now).encode();

@@ -62,6 +62,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                     .into(),
                     incarnation: node.peer_incarnation(id),
                     voter: m.voters.binary_search(&id).is_ok(),
+                    wire_version: self.versions.speak(id),
                     discovered: a.source,
                 }
             })
@@ -126,7 +127,8 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
                 rejected_version: c.rejected_version.load(Ordering::Relaxed),
                 unaddressed: c.unaddressed.load(Ordering::Relaxed),
-                rejected_membership: c.rejected_membership.load(Ordering::Relaxed),
+                rejected_membership: c.rejected_membership.load(Ordering::Relaxed)
+                    + node.refused_membership(),
                 directories_sent: c.directories_sent.load(Ordering::Relaxed),
                 directories_received: c.directories_received.load(Ordering::Relaxed),
             },

@@ -134,6 +134,9 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.fallback = parse_fallback(&args.fallback)?;
+    if let Some(v) = args.wire_version {
+        spec.wire_version = v;
+    }
     spec.max_keys = usize::try_from(args.max_cluster_keys)?;
     spec.link_budget = usize::try_from(args.peer_budget)?;
     // The daemon rewrites the file when the node reincarnates while running.

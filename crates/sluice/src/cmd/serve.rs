@@ -94,6 +94,11 @@ pub(crate) struct Args {
     /// first start (the initial share): give it only to a node that never ran before.
     #[arg(long)]
     pub(super) incarnation: Option<u64>,
+    /// Testing: speak and accept at most this peer wire version, as a node of the build
+    /// that introduced it would (to rehearse a rolling upgrade). Default: this build's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(
+        i64::from(sluice_coord::wire::MIN_VERSION)..=i64::from(sluice_coord::wire::VERSION)))]
+    pub(super) wire_version: Option<u8>,
     /// How often to look for changed configuration files (`off` to never reload).
     #[arg(long, default_value = "1s")]
     watch: String,
@@ -366,6 +371,24 @@ mod tests {
             .try_get_matches_from(std::iter::once("sluice serve").chain(argv.iter().copied()))
             .unwrap();
         Args::from_arg_matches(&matches).unwrap()
+    }
+
+    /// `--wire-version`: a version this build speaks, else an error naming the range.
+    #[test]
+    fn the_wire_version_is_one_this_build_speaks() {
+        use sluice_coord::wire::{MIN_VERSION, VERSION};
+        let old = MIN_VERSION.to_string();
+        assert_eq!(
+            parse(&["--wire-version", &old]).wire_version,
+            Some(MIN_VERSION)
+        );
+        for bad in [MIN_VERSION - 1, VERSION + 1].map(|v| v.to_string()) {
+            let e = Args::augment_args(clap::Command::new("sluice serve"))
+                .try_get_matches_from(["sluice serve", "--wire-version", &bad])
+                .unwrap_err();
+            let range = format!("{MIN_VERSION}..={VERSION}");
+            assert!(e.to_string().contains(&range), "{e}");
+        }
     }
 
     /// A directory of its own for one test, removed when dropped.

@@ -135,8 +135,8 @@ pub(crate) struct Cluster {
     /// the nodes after them are joiners, started with `joiners[i − founding]`'s flags.
     founding: usize,
     joiners: Vec<Vec<String>>,
-    /// More `sluice serve` flags for every node.
-    args: Vec<String>,
+    /// Each node's extra `sluice serve` arguments (e.g. an older wire version).
+    args: Vec<Vec<String>>,
 }
 
 /// How a joiner finds the running cluster.
@@ -210,7 +210,7 @@ impl Cluster {
                 .collect(),
             founding: n,
             joiners: Vec::new(),
-            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            args: vec![args.iter().map(|a| (*a).to_owned()).collect(); n],
         };
         for i in 0..n {
             c.start(i);
@@ -264,9 +264,17 @@ impl Cluster {
         self.nodes.push(None);
         self.rates.push(1.0);
         self.joiners.push(flags);
+        // A joiner runs what the founding nodes run.
+        self.args
+            .push(self.args.first().cloned().unwrap_or_default());
         self.start(id);
         self.wait_healthy(id);
         id
+    }
+
+    /// The extra arguments of node `id`'s next starts.
+    pub(crate) fn set_args(&mut self, id: usize, args: &[&str]) {
+        self.args[id] = args.iter().map(|a| (*a).to_owned()).collect();
     }
 
     pub(crate) fn start(&mut self, id: usize) {
@@ -307,7 +315,7 @@ impl Cluster {
             .args(["--cycle", &format!("{CYCLE_MS}ms")])
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
-            .args(&self.args)
+            .args(&self.args[id])
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);

@@ -2,7 +2,7 @@
 //! burst 100, lease 1 s, cycle 100 ms, `--fallback none`), a client that counts what they
 //! admit in sliding 1 s windows, and the operations an SRE performs: kill -9 and restart
 //! with and without a state file, crashes after earlier restarts, SIGSTOP/SIGCONT around
-//! the lease.
+//! the lease, rolling restarts and a rolling upgrade across wire versions.
 //!
 //! Every scenario asserts the guarantees, not that code ran: no 1 s window admits more than
 //! `L + burst`, and the cluster is back at its whole limit within the stated bound after the
@@ -206,6 +206,115 @@ fn a_rolling_restart_by_sigterm_keeps_the_limit() {
     assert!(
         back.is_some_and(|b| b <= last + bound),
         "{name}: not back at 90 % of the limit within {bound:?} of the last start"
+    );
+    assert_whole(name, shares, "every node answers");
+}
+
+/// A rolling upgrade onto the next wire version: 5 nodes of the previous build (emulated by
+/// `--wire-version`, which makes a node speak and accept only that version, as the old
+/// build does) each in turn get SIGTERM and start again as this build, the next once it is
+/// ready. Each link speaks the lower version until both ends are new, so the cluster never
+/// splits into an old and a new part: no 1 s window admits more than `L + burst`, and the
+/// over-throttling while rolling stays within 5 %. Demand is 1.6 L spread evenly, so any four
+/// nodes ask for more than `L`. The long version rolls back to the old build as well.
+#[test]
+fn a_rolling_upgrade_onto_the_next_wire_version_keeps_the_limit() {
+    let _one = serial();
+    let name = "rolling-upgrade";
+    let version = sluice_coord::wire::MIN_VERSION.to_string();
+    let old = ["--wire-version", version.as_str()];
+    // State files: the first start holds the initial shares, so the cluster is at its limit
+    // before the roll begins; every restart holds nothing until its quarantine is over.
+    let mut c = Cluster::with_args(name, 5, Start::StateFile, &harness::rule_yaml(), &[], &old);
+    for i in 0..5 {
+        c.wait_ready(i);
+    }
+    let l = LIMIT as f64;
+    let rates: Vec<_> = (0..5).map(|i| (i, c.addr(i), 1.6 * l / 5.0)).collect();
+    let load = Load::start(&rates, 4, "acme");
+    std::thread::sleep(3 * SEC);
+    let settled = load.elapsed();
+    let mut refused = 0;
+    let mut rolls = vec![("upgrade", Vec::new(), sluice_coord::wire::VERSION)];
+    if long() {
+        rolls.push(("rollback", old.to_vec(), sluice_coord::wire::MIN_VERSION));
+    }
+    let mut fields = Vec::new();
+    let mut last = load.elapsed();
+    for (roll, args, version) in &rolls {
+        let began = load.elapsed();
+        for i in 0..5 {
+            refused += c
+                .status(i)
+                .map_or(0, |v| v["peer"]["rejected_version"].as_u64().unwrap_or(0));
+            c.terminate(i);
+            c.set_args(i, args);
+            c.start(i);
+            c.wait_ready(i);
+        }
+        last = load.elapsed();
+        fields.push((*roll, began, last, *version));
+        // Every link comes to speak the version both ends now have.
+        let speaks = |i: usize| {
+            let v = c.status(i).unwrap_or_default();
+            v["members"].as_array().is_some_and(|m| {
+                m.iter()
+                    .all(|m| m["wire_version"].as_u64() == Some(u64::from(*version)))
+            })
+        };
+        let deadline = std::time::Instant::now() + 5 * SEC;
+        while !(0..5).all(speaks) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: after the {roll}, not every link speaks {version}:\n{}",
+                c.statuses()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    std::thread::sleep(3 * SEC);
+    let shares = c.total_share();
+    refused += (0..5)
+        .filter_map(|i| c.status(i)?["peer"]["rejected_version"].as_u64())
+        .sum::<u64>();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 5);
+    let mut line = vec![
+        ("max_1s_window".to_owned(), most.to_string()),
+        (
+            "over_throttling_before".to_owned(),
+            format!("{:.1}%", r.over_throttling(SEC, settled, l) * 100.0),
+        ),
+    ];
+    let mut worst = 0.0f64;
+    for &(roll, began, ended, _) in &fields {
+        let over = r.over_throttling(began, ended, l);
+        worst = worst.max(over);
+        let (least, at) = r.min_window(SEC, began, ended);
+        line.push((format!("{roll}_took"), format!("{:.1?}", ended - began)));
+        line.push((
+            format!("{roll}_over_throttling"),
+            format!("{:.1}%", over * 100.0),
+        ));
+        line.push((
+            format!("{roll}_least_1s_window"),
+            format!("{least} at {at:.1?}"),
+        ));
+    }
+    let back = r.recovered_at(last, r.end, LIMIT * 9 / 10);
+    line.push((
+        "serving_limit_after_last_ready".to_owned(),
+        format!("{:?}", back.map(|b| b.saturating_sub(last))),
+    ));
+    // Every process's count, the stopped ones' read before they stopped.
+    line.push(("rejected_version".to_owned(), refused.to_string()));
+    line.push(("shares_at_end".to_owned(), format!("{shares:?}")));
+    let line: Vec<(&str, String)> = line.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    report(name, &line);
+    assert!(
+        worst <= 0.05,
+        "{name}: over-throttling {:.1}% while rolling (bound 5 %)",
+        worst * 100.0
     );
     assert_whole(name, shares, "every node answers");
 }
