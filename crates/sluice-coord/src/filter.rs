@@ -6,6 +6,10 @@
 //! with `α = 1 − exp(−s/τ)` (≈ `s/τ`), and the estimate is the same whatever the cycle
 //! length: two half-cycle samples give exactly the weight of one whole-cycle sample.
 
+/// A sample at least this many times the estimate is a step up (see
+/// [`DemandFilter::with_rise`]).
+pub const RISE_STEP: f64 = 1.5;
+
 /// Exponential smoothing of a rate with time constant `tau` (nanoseconds), and optionally a
 /// shorter one for rises (see [`DemandFilter::with_rise`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,9 +27,10 @@ impl DemandFilter {
         Self::with_rise(tau_ns, tau_ns)
     }
 
-    /// A filter that follows a rise with time constant `rise_ns` and a fall with `tau_ns`:
-    /// demand that appears (new clients at a node, a joiner's first requests) is served
-    /// within a cycle or two, and capacity is given back slowly. Seed 003's filter is the
+    /// A filter that follows a step up (a sample above [`RISE_STEP`] times the estimate)
+    /// with time constant `rise_ns`, and anything else with `tau_ns`: demand that appears
+    /// (new clients at a node, a joiner's first requests) is served within a cycle or two,
+    /// and capacity is given back slowly. Seed 003's filter is the
     /// symmetric one ([`DemandFilter::new`]).
     #[must_use]
     pub fn with_rise(tau_ns: u64, rise_ns: u64) -> Self {
@@ -51,7 +56,10 @@ impl DemandFilter {
             None => self.estimate = rate,
             Some(last) => {
                 let dt = now.saturating_sub(last) as f64;
-                let tau = if rate > self.estimate {
+                // A step up (new clients, traffic moved here) is followed fast; noise around
+                // a steady rate is not, or the estimate would ride its peaks (a node below
+                // the water level would then hold capacity it does not use).
+                let tau = if rate > RISE_STEP * self.estimate {
                     self.tau_rise
                 } else {
                     self.tau
@@ -105,7 +113,8 @@ mod tests {
         assert!((fine.estimate() - 100.0 * (1.0 - (-5.0f64).exp())).abs() < 1e-9);
     }
 
-    /// A rise is followed with its own time constant, a fall with the slower one.
+    /// A step up is followed with its own time constant; a fall, and noise around a steady
+    /// rate, with the slower one.
     #[test]
     fn rises_fast_and_falls_slowly() {
         let (tau, rise) = (500_000_000, 100_000_000);
@@ -116,7 +125,8 @@ mod tests {
         for k in 2..=5u64 {
             f.observe_rate(k * 100_000_000, 100.0);
         }
-        assert!(f.estimate() > 99.0, "{}", f.estimate());
+        // Fast while the step is large (up to 1/1.5 of it), slow for the rest.
+        assert!(f.estimate() > 90.0, "{}", f.estimate());
         let before = f.estimate();
         f.observe_rate(600_000_000, 0.0);
         let fall = before * (-0.2f64).exp();

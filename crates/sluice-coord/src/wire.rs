@@ -101,14 +101,15 @@ pub struct Message {
     /// version-12 sender). A receiver with other members ignores the message: it would count
     /// other quorums and initial shares. Since version 13.
     pub members: u64,
-    /// `keys` holds every key the sender has state for (a send that was not split): a key
-    /// missing from it has no state at the sender, which is idle there (see [`crate::node`]
-    /// "Idle keys").
+    /// `keys` holds every key the sender has state for: a key missing from it has no state
+    /// at the sender, which is idle there (see [`crate::node`] "Idle keys"). False for a
+    /// message that carries only changed keys (deltas, "Many keys").
     pub all_keys: bool,
-    /// A later part of a split send: it repeats only the header, so the lists that go in the
-    /// first part (retirement lists, votes, dead floors, audit) say nothing by their absence.
+    /// The lists that go with every full send (retirement lists, votes, dead floors, audit)
+    /// are left out: they say nothing by their absence. Senders of this version always send
+    /// them (a send is one datagram); kept so that earlier encodings decode the same.
     pub rest: bool,
-    /// All active keys.
+    /// The keys this message carries (all, or the changed ones: see `all_keys`).
     pub keys: Vec<KeyEntry>,
     /// Idle-key retirement proposals `(key, given, seen)`: the sender's counters on this link
     /// for the key, frozen, with `seen ≥ given` (the sender is the link's net receiver, or

@@ -216,7 +216,7 @@ pub enum ClusterError {
 /// max-min key's demand counts this much more (docs/PROTOCOL.md, "Demand"): below
 /// `L/(1 + h)` in all every node holds its demand and this margin; above, the water level is
 /// that of the inflated demands, at most this fraction under the exact one.
-pub const MAX_MIN_HEADROOM: f64 = 0.1;
+pub const MAX_MIN_HEADROOM: f64 = 0.05;
 
 /// How much earlier than its lease's end a node stops enforcing shared capacity, at most
 /// (an eighth of the lease if that is shorter). Covers a timer that fires late: tokio's
