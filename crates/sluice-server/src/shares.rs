@@ -82,8 +82,9 @@ pub struct Drained {
 #[derive(Debug)]
 pub struct Shares {
     shards: Vec<RwLock<HashMap<u64, Arc<KeyShare>>>>,
-    /// Where [`Shares::clock`] counts from.
-    origin: std::time::Instant,
+    /// Where [`Shares::clock`] counts from: the runtime's clock, as the driver's (a simulated
+    /// one in the partition tests).
+    origin: tokio::time::Instant,
     /// Units of a key the driver has not set yet (the node's default share: `SCALE/N` at
     /// start, its fallback when its lease has expired).
     default_units: AtomicU64,
@@ -114,7 +115,7 @@ impl Shares {
         Self {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             default_units: AtomicU64::new(default_units),
-            origin: std::time::Instant::now(),
+            origin: tokio::time::Instant::now(),
             gate: LeaseGate {
                 origin: std::sync::OnceLock::new(),
                 until: AtomicU64::new(u64::MAX),
