@@ -246,8 +246,6 @@ pub struct Cluster<T: Transport = UdpSocket> {
     guard: u64,
     /// `Some` for `gamma: auto`: what γ* is computed from.
     auto: Option<AutoGamma>,
-    /// See [`ClusterSpec::state_file`].
-    state_file: Option<std::path::PathBuf>,
     /// What the node is built from, to build it again when a joiner adopts the voters of
     /// the cluster it joins (see `join`).
     spec: ClusterSpec,
@@ -405,7 +403,6 @@ impl<T: Transport> Cluster<T> {
             cycle: spec.cycle,
             guard,
             auto,
-            state_file: spec.state_file.clone(),
             spec: spec.clone(),
             candidates: Arc::new(discovery::Candidates::default()),
             prefer_v4,
@@ -588,8 +585,8 @@ impl<T: Transport> Cluster<T> {
                 // to measure (over the whole cycle, a joiner's first demand read a fraction
                 // of what it is, and the filter took several time constants to catch up).
                 // They wait for the next tick, then count from the first hit.
-                let age = seen.saturating_sub(h.born);
-                if h.born != 0 && age < cycle && h.hits > 0 {
+                let age = seen.saturating_sub(h.first_hit);
+                if h.first_hit != 0 && age < cycle && h.hits > 0 {
                     let y = d.young.entry(h.key).or_insert((0, false));
                     y.0 += h.hits;
                     y.1 |= h.refused;
@@ -599,7 +596,7 @@ impl<T: Transport> Cluster<T> {
                     h.hits += hits;
                     h.refused |= refused;
                 }
-                let span = if h.born != 0 && age < 2 * cycle {
+                let span = if h.first_hit != 0 && age < 2 * cycle {
                     age
                 } else {
                     dt
@@ -743,7 +740,7 @@ impl<T: Transport> Cluster<T> {
             d.logged_incarnation = inc;
         }
         if inc > d.persisted
-            && let Some(path) = &self.state_file
+            && let Some(path) = &self.spec.state_file
         {
             // A blocking write under the lock: it happens once per reincarnation (rare), and
             // the new incarnation must be on disk before its messages leave.

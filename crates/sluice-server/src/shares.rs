@@ -75,7 +75,7 @@ pub struct Drained {
     /// A request on it was refused since the previous drain.
     pub refused: bool,
     /// When the key was first hit here ([`Shares::clock`]; 0: never).
-    pub born: u64,
+    pub first_hit: u64,
 }
 
 /// Shares and demand of every cluster key on this node. See the module documentation.
@@ -124,7 +124,7 @@ impl Shares {
         }
     }
 
-    /// Nanoseconds since these shares were made (when keys were first hit: [`Drained::born`]).
+    /// Nanoseconds since these shares were made (when keys were first hit: [`Drained::first_hit`]).
     #[must_use]
     pub fn clock(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -368,7 +368,7 @@ impl Shares {
                     count: e.count.load(Ordering::Relaxed),
                     period: e.period.load(Ordering::Relaxed),
                     refused: e.refused.swap(false, Ordering::Relaxed),
-                    born: e.first_hit.load(Ordering::Relaxed),
+                    first_hit: e.first_hit.load(Ordering::Relaxed),
                 });
             }
         }
@@ -604,7 +604,7 @@ mod tests {
         s.set(7, 100, 0);
         assert_eq!(s.on_hit(7, 10, 1_000, 2), 100);
         let d = s.drain();
-        assert!(d[0].born <= s.clock());
+        assert!(d[0].first_hit <= s.clock());
         assert_eq!(
             d,
             vec![Drained {
@@ -613,7 +613,7 @@ mod tests {
                 count: 10,
                 period: 1_000,
                 refused: false,
-                born: d[0].born,
+                first_hit: d[0].first_hit,
             }]
         );
         assert_eq!(s.drain()[0].hits, 0);

@@ -215,7 +215,7 @@ impl<T: Transport> Cluster<T> {
         );
         d.node = node;
         d.live.clear();
-        if let Some(path) = &self.state_file
+        if let Some(path) = &self.spec.state_file
             && persist_incarnation(path, inc).is_ok()
         {
             d.persisted = inc;
