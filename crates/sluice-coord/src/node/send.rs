@@ -30,7 +30,7 @@ impl Node {
         let echo = self.echo_for(to, now);
         let votes = self.votes_to_send();
         let dead_version = self.dead_version;
-        // Max-min keys advertise an indicator that caps what they can be given (see
+        // Max-min keys advertise an indicator that sets what they are given (see
         // `max_min_indicator`): the gain and weights the neighbours give with.
         let degree: f64 = usable.iter().map(|&(_, w)| w).sum();
         let base_gamma = self
@@ -92,7 +92,7 @@ impl Node {
                 let gamma = cfg.gain_of(key, base_gamma);
                 let mut indicator = measure.indicator(demand, own as f64);
                 if matches!(measure, Measure::MaxMin) {
-                    indicator = max_min_indicator(ks, own, demand, gamma * degree);
+                    indicator = max_min_indicator(ks, own, demand, gamma, usable);
                 }
                 let advert = delta::Advert {
                     indicator: indicator as f32,
@@ -190,22 +190,45 @@ impl Node {
     }
 }
 
-/// The max-min indicator a node advertises for `ks`: `−x`, lowered so that the law's gifts
-/// to it add up to at most its unmet demand `r − x`. A giver `i` gives `γ·w_i·(p − p_i)`;
-/// with `p ≤ min_i p_i + (r − x)/(γ·Σw)` that is at most `(w_i/Σw)·(r − x)` from each, so a
-/// node just short of its demand is not handed a share far above it, which it would then
-/// pass on again through the relay (a dithering that cost 4–6 % of the admissions at a
-/// demand near the water level).
-fn max_min_indicator(ks: &KeyState, own: u64, demand: f64, gain_degree: f64) -> f64 {
+/// The max-min indicator a node advertises for `ks`: `−x`, lowered to the level `P` at
+/// which the law's gifts to it add up to its unmet demand `r − x`: a neighbour `j` gives
+/// `γ·w_j·(P − p_j)` when `P > p_j`, so `P` solves `γ·Σ_j w_j·(P − p_j)⁺ = r − x` (water-filling
+/// over the neighbours' advertised indicators). A node short of its demand is then handed
+/// what it lacks in one round, not a share far above it (which it would pass on again through
+/// the relay: a dithering that cost 4–6 % of the admissions at a demand near the water
+/// level), nor a fraction of it each cycle (a bound on each giver alone took a joiner 7
+/// cycles to reach its demand when its neighbours' shares differed).
+fn max_min_indicator(
+    ks: &KeyState,
+    own: u64,
+    demand: f64,
+    gamma: f64,
+    usable: &[(NodeId, f64)],
+) -> f64 {
     let x = own as f64;
     let unmet = demand - x;
-    let lowest = ks
-        .links
-        .values()
-        .filter_map(|lk| lk.peer.map(|(p, _)| f64::from(p)))
-        .fold(f64::INFINITY, f64::min);
-    if unmet <= 0.0 || !lowest.is_finite() || gain_degree <= 0.0 {
+    if unmet <= 0.0 || gamma <= 0.0 {
         return -x;
     }
-    (-x).min(lowest + unmet / gain_degree)
+    let mut givers = StackVec::<(f64, f64), 16>::new();
+    givers.extend(ks.links.iter().filter_map(|(p, lk)| {
+        let w = usable_weight(usable, *p)?;
+        let (ind, _) = lk.peer?;
+        (w > 0.0).then_some((f64::from(ind), w))
+    }));
+    givers.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Raise the level over the lowest indicators first: with the `k` lowest giving, the
+    // level is `(unmet/γ + Σ w·p) / Σ w`; it holds if it stays below the next indicator.
+    let (mut wsum, mut wp) = (0.0, 0.0);
+    let mut level = f64::INFINITY;
+    for (k, &(p, w)) in givers.iter().enumerate() {
+        wsum += w;
+        wp += w * p;
+        let l = (unmet / gamma + wp) / wsum;
+        if givers.get(k + 1).is_none_or(|&(next, _)| l <= next) {
+            level = l;
+            break;
+        }
+    }
+    (-x).min(level)
 }
