@@ -224,6 +224,16 @@ fn resident_memory_per_key_held() {
     // The stated cost: at most BYTES_PER_KEY per key held, at the cap and after twice the
     // cap in distinct keys (evictions make room; memory stays flat).
     let bound = base + cap as u64 * BYTES_PER_KEY;
-    assert!(rss_cap <= bound, "RSS at the cap {} MB > {} MB", rss_cap >> 20, bound >> 20);
-    assert!(end <= bound, "RSS after the flood {} MB > {} MB", end >> 20, bound >> 20);
+    assert!(
+        rss_cap <= bound,
+        "RSS at the cap {} MB > {} MB",
+        rss_cap >> 20,
+        bound >> 20
+    );
+    assert!(
+        end <= bound,
+        "RSS after the flood {} MB > {} MB",
+        end >> 20,
+        bound >> 20
+    );
 }

@@ -367,7 +367,10 @@ fn the_token_servers_keep_every_window_within_the_bound_through_freeze_replay_an
         c.signal(frozen, "CONT");
         std::thread::sleep(Duration::from_millis(1_000));
         let after_cont = c.server(frozen).unwrap();
-        assert_ne!(after_cont["state"], "active", "{freeze_ms} ms: {after_cont}");
+        assert_ne!(
+            after_cont["state"], "active",
+            "{freeze_ms} ms: {after_cont}"
+        );
         let successor = c.holder().expect("a successor serves");
         assert_ne!(successor, frozen, "{freeze_ms} ms");
         let granted = after_cont["granted"].as_u64().unwrap();
@@ -378,7 +381,11 @@ fn the_token_servers_keep_every_window_within_the_bound_through_freeze_replay_an
         into_next_window(0);
         // The resumed server granted nothing more while it stood by.
         let now = c.server(frozen).unwrap();
-        assert_eq!(now["granted"].as_u64(), Some(granted), "{freeze_ms} ms: {now}");
+        assert_eq!(
+            now["granted"].as_u64(),
+            Some(granted),
+            "{freeze_ms} ms: {now}"
+        );
     }
     let holder = c.holder().expect("a server serves");
 

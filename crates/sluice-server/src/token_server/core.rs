@@ -391,12 +391,7 @@ mod tests {
 
     /// [`run`] with a limit of `L` per `period`, each client asking once per `every`;
     /// admissions per window of `period`.
-    fn run_with(
-        faults: Faults,
-        period: Nanos,
-        every: Nanos,
-        secs: u64,
-    ) -> Run {
+    fn run_with(faults: Faults, period: Nanos, every: Nanos, secs: u64) -> Run {
         let lease = ServingLease::default();
         let rates = [1.0 + lease.max_drift, 1.0 - lease.max_drift, 1.0];
         let clock = |i: usize, t: Nanos| Now {

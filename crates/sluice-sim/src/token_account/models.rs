@@ -275,7 +275,10 @@ impl Model for PowerIteration {
 
 /// Watts–Strogatz (§4.1.3): a ring where every node links to its 4 closest nodes, each link
 /// rewired to a uniform random target with probability 0.01 (no self-loops or duplicates).
-pub(super) fn watts_strogatz(nodes: usize, rng: &mut ChaCha8Rng) -> Result<PowerIteration, TokenAccountError> {
+pub(super) fn watts_strogatz(
+    nodes: usize,
+    rng: &mut ChaCha8Rng,
+) -> Result<PowerIteration, TokenAccountError> {
     let mut edges: HashSet<(u32, u32)> = HashSet::with_capacity(nodes * 2);
     let key = |a: usize, b: usize| (a.min(b) as u32, a.max(b) as u32);
     let mut list = Vec::with_capacity(nodes * 2);
