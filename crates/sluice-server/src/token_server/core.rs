@@ -371,22 +371,27 @@ mod tests {
         cut: Option<(Nanos, Nanos)>,
     }
 
+    /// What a run leaves.
+    struct Run {
+        /// Permits admitted from leases, per window.
+        admitted: BTreeMap<Nanos, u64>,
+        servers: Vec<TokenServer>,
+        /// Permits server 0 granted after its freeze ended.
+        resumed_grants: u64,
+    }
+
     /// Three token servers (clock rates 1+ρ, 1−ρ, 1) and three clients asking for one
     /// permit each per ms (3,000/s for a limit of 1,000/s), on a simulated clock stepped by
     /// 1 ms for `secs` s. Returns the permits admitted from leases per window, and the
     /// servers.
     fn run(faults: Faults, secs: u64) -> (BTreeMap<Nanos, u64>, Vec<TokenServer>) {
-        run_with(faults, S, MS, secs)
+        let r = run_with(faults, S, MS, secs);
+        (r.admitted, r.servers)
     }
 
     /// [`run`] with a limit of `L` per `period`, each client asking once per `every`;
     /// admissions per window of `period`.
-    fn run_with(
-        faults: Faults,
-        period: Nanos,
-        every: Nanos,
-        secs: u64,
-    ) -> (BTreeMap<Nanos, u64>, Vec<TokenServer>) {
+    fn run_with(faults: Faults, period: Nanos, every: Nanos, secs: u64) -> Run {
         let lease = ServingLease::default();
         let rates = [1.0 + lease.max_drift, 1.0 - lease.max_drift, 1.0];
         let clock = |i: usize, t: Nanos| Now {
@@ -410,6 +415,7 @@ mod tests {
             .map(|_| LeaseBook::new(RequestSizing::default()))
             .collect();
         let mut admitted: BTreeMap<Nanos, u64> = BTreeMap::new();
+        let mut resumed_grants = 0;
         let within = |w: Option<(Nanos, Nanos)>, t| w.is_some_and(|(a, b)| a <= t && t < b);
         let (kind, l) = limit_per(period);
         let l_per = (kind, l);
@@ -480,6 +486,9 @@ mod tests {
                         ..
                     } = servers[i].grant(&request_per(want, period), Some(l_per), clock(i, t))
                     {
+                        if i == 0 && faults.freeze.is_some_and(|(_, to)| t >= to) {
+                            resumed_grants += granted;
+                        }
                         let d = book.apply(
                             "d|user=a",
                             kind,
@@ -499,7 +508,11 @@ mod tests {
                 }
             }
         }
-        (admitted, servers)
+        Run {
+            admitted,
+            servers,
+            resumed_grants,
+        }
     }
 
     fn assert_within_limit(admitted: &BTreeMap<Nanos, u64>) {
@@ -557,6 +570,56 @@ mod tests {
         }
     }
 
+    /// SIGSTOP of the primary for 1 to 5 s (every half second), frozen early or late in a
+    /// window: the successor takes over, the primary resumed grants nothing, and no window
+    /// passes the limit.
+    #[test]
+    fn a_primary_frozen_for_one_to_five_seconds_never_lets_a_window_pass_the_limit() {
+        for freeze_ms in (1_000..=5_000).step_by(500) {
+            for from in [2 * S + 200 * MS, 2 * S + 850 * MS] {
+                let to = from + freeze_ms * MS;
+                let r = run_with(
+                    Faults {
+                        freeze: Some((from, to)),
+                        cut: None,
+                    },
+                    S,
+                    MS,
+                    to / S + 3,
+                );
+                assert_within_limit(&r.admitted);
+                assert_eq!(
+                    r.resumed_grants, 0,
+                    "frozen {freeze_ms} ms from {from}: the resumed primary granted"
+                );
+                let end = Now::at((to / S + 3) * S);
+                assert_eq!(r.servers[0].status(end, 0).state, ServingState::Standby);
+                // The successor serves the last full window in full.
+                let last = to / S + 2;
+                assert_eq!(r.admitted[&last], L, "frozen {freeze_ms} ms from {from}");
+            }
+        }
+    }
+
+    /// Servers 0 and 1 cut from each other for 1 to 5 s (every half second): never two
+    /// serving (asserted at every step of the run), never more than the limit.
+    #[test]
+    fn a_cut_of_one_to_five_seconds_between_servers_never_lets_a_window_pass_the_limit() {
+        for cut_ms in (1_000..=5_000).step_by(500) {
+            let from = 2 * S + 300 * MS;
+            let to = from + cut_ms * MS;
+            let (admitted, _) = run(
+                Faults {
+                    freeze: None,
+                    cut: Some((from, to)),
+                },
+                to / S + 3,
+            );
+            assert_within_limit(&admitted);
+            assert_eq!(admitted[&(to / S + 2)], L, "cut {cut_ms} ms: {admitted:?}");
+        }
+    }
+
     /// Servers 0 and 1 cannot reach each other for 3 s while clients reach both: never two
     /// serving, never more than the limit.
     #[test]
@@ -579,7 +642,9 @@ mod tests {
     #[test]
     fn a_successor_counts_what_its_predecessor_reported_not_the_whole_window() {
         let period = 10 * S;
-        let (admitted, servers) = run_with(
+        let Run {
+            admitted, servers, ..
+        } = run_with(
             Faults {
                 freeze: Some((11 * S + 200 * MS, 15 * S + 200 * MS)),
                 cut: None,
