@@ -68,6 +68,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+pub mod delay_proxy;
 pub mod demo;
 // gRPC calls straight on h2, each key's request encoded once.
 mod grpc_client;

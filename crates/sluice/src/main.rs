@@ -36,6 +36,8 @@ enum Command {
     Serve(Box<cmd::serve::Args>),
     /// Load-test rate limit services (gRPC or HTTP): throughput and latency percentiles.
     Bench(cmd::bench::Args),
+    /// A TCP proxy adding a fixed delay each way (benchmarks: Redis at a network distance).
+    DelayProxy(cmd::delay_proxy::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Analyze(a) => cmd::analyze::run(a),
         Command::Serve(a) => cmd::serve::run(*a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::DelayProxy(a) => cmd::delay_proxy::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 pub(crate) mod analyze;
 pub(crate) mod bench;
 pub(crate) mod cluster;
+pub(crate) mod delay_proxy;
 pub(crate) mod demo;
 pub(crate) mod incarnation;
 pub(crate) mod replay;
