@@ -323,6 +323,9 @@ impl Cluster {
             cmd.arg("--state-file")
                 .arg(self.dir.join(format!("node{id}.incarnation")));
         }
+        // Its own process group: `faketime` runs the daemon as its child, and a signal to the
+        // group reaches both (killing `faketime` alone left the daemon running).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         self.nodes[id] = Some(Node {
             child: cmd.spawn().unwrap(),
         });
@@ -371,7 +374,7 @@ impl Cluster {
     /// kill -9: no goodbye, no handover.
     pub(crate) fn kill(&mut self, id: usize) {
         let mut n = self.nodes[id].take().expect("node is running");
-        n.child.kill().unwrap();
+        kill_group(&n.child, "KILL");
         let _ = n.child.wait();
     }
 
@@ -387,18 +390,14 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        n.child.kill().unwrap();
+        kill_group(&n.child, "KILL");
         let _ = n.child.wait();
         panic!("node {id} did not exit within 10 s of SIGTERM");
     }
 
     pub(crate) fn signal(&self, id: usize, sig: &str) {
-        let pid = self.node(id).child.id().to_string();
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &pid])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "kill -{sig} {pid}");
+        let child = &self.node(id).child;
+        assert!(kill_group(child, sig), "kill -{sig} -{}", child.id());
     }
 
     pub(crate) fn log(&self, id: usize) -> String {
@@ -472,13 +471,20 @@ impl Cluster {
     }
 }
 
+/// `kill -SIG -- -PGID`: the node's process group (the daemon, and `faketime` when it runs
+/// one); whether the signal was sent.
+fn kill_group(child: &std::process::Child, sig: &str) -> bool {
+    Command::new("kill")
+        .args([&format!("-{sig}"), "--", &format!("-{}", child.id())])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for n in self.nodes.iter_mut().flatten() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &n.child.id().to_string()])
-                .status();
-            let _ = n.child.kill();
+            kill_group(&n.child, "CONT");
+            kill_group(&n.child, "KILL");
             let _ = n.child.wait();
         }
         if !std::thread::panicking() {
