@@ -22,6 +22,10 @@ if [ -n "$missing" ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
 fi
 
+# A fresh clone gains nothing from incremental compilation, and its caches cost gigabytes
+# of disk on a machine that may have little.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 echo "== rustfmt"
 cargo fmt --all -- --check
 
