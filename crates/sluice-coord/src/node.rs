@@ -360,6 +360,14 @@ impl KeyState {
     }
 }
 
+/// What may be enforced of a share `own` under a lease in `state` (see [`Fallback`]).
+fn cap_under(state: LeaseState, fallback: Fallback, reservation: u64, own: u64) -> u64 {
+    match (state, fallback) {
+        (LeaseState::Valid | LeaseState::Expiring, _) | (_, Fallback::LastShare) => own,
+        (LeaseState::Expired, _) => own.min(reservation),
+    }
+}
+
 /// One node. See the module documentation for the protocol.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -653,10 +661,12 @@ impl Node {
 
     /// What may be enforced of a share `own` at `now`.
     fn cap(&self, own: u64, now: Nanos) -> u64 {
-        match (self.lease_state(now), self.cfg.fallback) {
-            (LeaseState::Valid | LeaseState::Expiring, _) | (_, Fallback::LastShare) => own,
-            (LeaseState::Expired, _) => own.min(self.reservation),
-        }
+        cap_under(
+            self.lease_state(now),
+            self.cfg.fallback,
+            self.reservation,
+            own,
+        )
     }
 
     /// The performance indicator `p` for `key`.
@@ -764,13 +774,18 @@ impl Node {
     /// Drains what to do: messages to send and changed enforced limits.
     pub fn ready(&mut self, now: Nanos) -> Ready {
         let mut limits = Vec::new();
-        let mut keys = StackVec::<Key, 8>::new();
-        keys.extend(self.keys.keys().copied());
-        for &k in keys.iter() {
-            let e = self.enforced(k, now);
-            if let Some(ks) = self.keys.get_mut(&k)
-                && ks.enforced != Some(e)
-            {
+        // `enforced` for every key in one pass (the lease read once, no lookup per key): the
+        // driver calls this after every message.
+        let left = self.lifecycle == Lifecycle::Left;
+        let (state, fallback, reservation) =
+            (self.lease_state(now), self.cfg.fallback, self.reservation);
+        for (&k, ks) in &mut self.keys {
+            let e = if left {
+                0
+            } else {
+                cap_under(state, fallback, reservation, ks.own())
+            };
+            if ks.enforced != Some(e) {
                 ks.enforced = Some(e);
                 limits.push((k, e));
             }

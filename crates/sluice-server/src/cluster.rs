@@ -294,6 +294,7 @@ struct Counters {
     rejected_malformed: AtomicU64,
     rejected_version: AtomicU64,
     unaddressed: AtomicU64,
+    oversized: AtomicU64,
     rejected_membership: AtomicU64,
     directories_sent: AtomicU64,
     directories_received: AtomicU64,
@@ -628,6 +629,9 @@ impl<T: Transport> Cluster<T> {
             let Driven { node, rng, .. } = &mut *d;
             node.tick(now, &mut || rng.next_f64());
             let mut out = self.collect(&mut d, now);
+            // Rises held back by the engine's window come into force here, once a cycle: a
+            // walk of every key per datagram cost more than the messages themselves.
+            self.shares.refresh(now.saturating_add(self.guard));
             d.ticks += 1;
             // Every cycle until a first lease (a joiner finding its cluster), then every
             // [`join::DIRECTORY_EVERY`].
@@ -716,7 +720,6 @@ impl<T: Transport> Cluster<T> {
         for (key, units) in ready.limits {
             self.shares.set(key, units, ahead);
         }
-        self.shares.refresh(ahead);
         // Reclaimed by the node (idle, back at its static split): the engine's next hit on it
         // starts again from the default share.
         for key in ready.reclaimed {
@@ -767,8 +770,12 @@ impl<T: Transport> Cluster<T> {
             // A message too large for one datagram is dropped: like a lost one it only
             // delays (the next one carries the same counters). See docs/PROTOCOL.md.
             let payload = self.versions.encode(m.to, &m.message);
-            if let Ok(d) = peer::seal(&self.key, self.me, m.to, &payload) {
-                out.push((addr, d));
+            match peer::seal(&self.key, self.me, m.to, &payload) {
+                Ok(d) => out.push((addr, d)),
+                Err(e) => {
+                    self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(to = m.to, error = %e, "peer message not sent");
+                }
             }
         }
         out

@@ -235,12 +235,10 @@ impl Daemon {
         let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
         let (cluster, peer_addr) = match &spec.cluster {
             Some((cs, addr)) => {
-                let socket = UdpSocket::bind(addr)
-                    .await
-                    .map_err(|source| DaemonError::Bind {
-                        addr: *addr,
-                        source,
-                    })?;
+                let socket = bind_peer(*addr).map_err(|source| DaemonError::Bind {
+                    addr: *addr,
+                    source,
+                })?;
                 let c = Cluster::new(cs, socket, &engine)?;
                 let a = c.local_addr().ok();
                 (Some(c), a)
@@ -356,12 +354,15 @@ impl Daemon {
         self.http_state.metrics()
     }
 
-    /// The cluster as the status page shows it.
+    /// The cluster as the status page shows it by default (the busiest
+    /// [`crate::status::LISTED_KEYS`] keys).
     #[must_use]
     pub fn status(&self) -> ClusterStatus {
         self.cluster
             .as_ref()
-            .map_or_else(ClusterStatus::single, |c| c.status())
+            .map_or_else(ClusterStatus::single, |c| {
+                c.status(crate::status::LISTED_KEYS)
+            })
     }
 
     /// Stops serving: in-flight calls finish, the node hands its shares to its peers.
@@ -432,6 +433,35 @@ async fn watch_config(
             ),
         }
     }
+}
+
+/// The receive buffer the peer socket asks for. Peers' datagrams arrive in bursts (a cycle's
+/// messages, up to the link budget each), and a driver descheduled for a moment on a busy
+/// machine must not lose them: the kernel's default (about 200 kB) holds three full
+/// datagrams. Linux grants at most `net.core.rmem_max`.
+pub const PEER_RECV_BUFFER: usize = 4 << 20;
+
+/// Binds the peer socket with a receive buffer of [`PEER_RECV_BUFFER`] (or what the kernel
+/// allows, said in the log when less).
+fn bind_peer(addr: std::net::SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if let Err(e) = socket.set_recv_buffer_size(PEER_RECV_BUFFER) {
+        tracing::warn!(error = %e, "cannot enlarge the peer socket's receive buffer");
+    }
+    // Linux reports twice what it grants (the other half is its bookkeeping).
+    let got = socket.recv_buffer_size().unwrap_or(0);
+    if got < PEER_RECV_BUFFER {
+        tracing::warn!(
+            asked = PEER_RECV_BUFFER,
+            got,
+            "the peer socket's receive buffer is smaller than asked (raise net.core.rmem_max): \
+             bursts of peer datagrams may be dropped on a busy machine"
+        );
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! | `GET /metrics` | OpenMetrics text ([`crate::metrics`]) |
 //! | `GET /healthz`, `GET /healthcheck` | 200 while the server runs (`/healthcheck` is envoyproxy/ratelimit's path) |
 //! | `GET /readyz` | 200 when ready (configuration loaded; in a cluster, a valid lease, out of a restart's quarantine, not leaving), else 503 with the reason |
-//! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]) |
+//! | `GET /v1/cluster` | the [`ClusterStatus`] as JSON (a node alone: [`ClusterStatus::single`]); `?keys=N` or `?keys=all` lists that many keys, the busiest first (default 100) |
 //! | `POST /v1/lease` | a capacity lease for client-side throttling ([`crate::lease`]): `{"domain", "descriptor": {"entries": [{"key", "value"}]}, "client_id", "wants"}` → `{"rate", "expires_in_ms", "refresh_in_ms", "limit", "share", "policy", "clients"}` |
 //! | `DELETE /v1/lease` | gives a lease back (`{"domain", "descriptor", "client_id"}`): 204, or 404 if the client held none |
 //!
@@ -73,7 +73,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sluice_limits::{Clock, Nanos};
 use tokio::net::TcpListener;
 
@@ -233,7 +233,8 @@ impl HttpState {
             return Err("not ready: starting or shutting down".to_owned());
         }
         if let Some(cluster) = &self.cluster {
-            let status = cluster.status();
+            // No key listed: a probe must not walk the keys under the driver's lock.
+            let status = cluster.status(0);
             // `expiring` still enforces a share the cluster granted; `expired` enforces the
             // fallback, which keeps the limit but not the balance, so traffic should move.
             if !matches!(status.lease.as_str(), "valid" | "expiring") {
@@ -255,10 +256,10 @@ impl HttpState {
         Ok(())
     }
 
-    fn cluster_status(&self) -> ClusterStatus {
+    fn cluster_status(&self, keys: usize) -> ClusterStatus {
         self.cluster
             .as_ref()
-            .map_or_else(ClusterStatus::single, |c| c.status())
+            .map_or_else(ClusterStatus::single, |c| c.status(keys))
     }
 
     /// Decides `request` now (consuming or not), timing the engine call and recording the
@@ -511,9 +512,33 @@ struct ClusterView {
     token_server_node: Option<crate::token_server::ServerStatus>,
 }
 
-async fn cluster(State(s): State<HttpState>) -> HttpResponse {
+/// `GET /v1/cluster?keys=N`: how many keys to list (the busiest), or `all`.
+#[derive(Debug, Deserialize)]
+struct ClusterQuery {
+    keys: Option<String>,
+}
+
+async fn cluster(
+    State(s): State<HttpState>,
+    axum::extract::Query(q): axum::extract::Query<ClusterQuery>,
+) -> HttpResponse {
+    let keys = match q.keys.as_deref() {
+        None => crate::status::LISTED_KEYS,
+        Some("all") => usize::MAX,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONTENT_TYPE, TEXT)],
+                    format!("keys must be a number of keys or `all`, not {n:?}\n"),
+                )
+                    .into_response();
+            }
+        },
+    };
     let view = ClusterView {
-        cluster: s.cluster_status(),
+        cluster: s.cluster_status(keys),
         redis: s.engine.central_status(),
         token_server: s.engine.token_status(),
         token_server_node: s.engine.token_server_node_status(),

@@ -37,6 +37,7 @@
 //! | `sluice_peer_directories_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_cluster_peers_unresolved` | gauge | |
 //! | `sluice_peer_unaddressed_total` | counter | |
+//! | `sluice_peer_oversized_total` | counter | |
 //! | `sluice_config_reloads_total` | counter | `result` (`ok`, `refused`: the configuration in force stayed) |
 //!
 //! The shares are this node's part of each key's global limit: they add up to at most 1
@@ -449,7 +450,9 @@ impl Collector for Scraped {
         let status = self
             .cluster
             .as_ref()
-            .map_or_else(ClusterStatus::single, |c| c.status());
+            .map_or_else(ClusterStatus::single, |c| {
+                c.status(crate::status::LISTED_KEYS)
+            });
         encode_cluster(&mut encoder, &status)
     }
 }
@@ -809,6 +812,15 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
             counter.metric_type(),
         )?;
         ConstCounter::new(p.unaddressed).encode(m)?;
+    }
+    {
+        let m = encoder.encode_descriptor(
+            "sluice_peer_oversized",
+            "Peer messages not sent: too large for one datagram",
+            None,
+            counter.metric_type(),
+        )?;
+        ConstCounter::new(p.oversized).encode(m)?;
     }
     {
         let mut m = encoder.encode_descriptor(

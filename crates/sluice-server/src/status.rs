@@ -43,7 +43,9 @@ pub struct ClusterStatus {
     pub peers_unresolved: usize,
     /// Share of a key this node has no state for (fraction of the key's limit).
     pub default_share: f64,
-    /// Shares of the keys with state.
+    /// Shares of the keys with state: the busiest first (largest demand), at most as many as
+    /// asked for (`GET /v1/cluster?keys=N`, default [`LISTED_KEYS`]; `keys=all`). How many
+    /// keys have state is `coordinated_keys`.
     pub keys: Vec<KeyShareStatus>,
     /// Dead floors: per node, the highest incarnation known dead or fenced (it never holds
     /// a lease again; its capacity was minted again by an audit).
@@ -230,14 +232,24 @@ pub struct PeerCounters {
     pub rejected_membership: u64,
     /// Messages not sent: the peer's name had not resolved yet.
     pub unaddressed: u64,
+    /// Messages not sent: too large for one datagram (the node sizes its messages to fit,
+    /// so this stays 0; like a lost message, one only delays).
+    pub oversized: u64,
     /// Directories sent (to known nodes and discovered addresses).
     pub directories_sent: u64,
     /// Directories received.
     pub directories_received: u64,
 }
 
+/// Keys `/v1/cluster` and `/metrics` list by default (the busiest). A node may hold state
+/// for a hundred thousand keys: listing every one costs a walk of them all under the
+/// driver's lock at every probe and scrape, which stalled the cluster's messages, and
+/// gives Prometheus a series per key.
+pub const LISTED_KEYS: usize = 100;
+
 /// Something that can describe the cluster (the cluster driver).
 pub trait ClusterInfo: Send + Sync + std::fmt::Debug {
-    /// The current snapshot.
-    fn status(&self) -> ClusterStatus;
+    /// The current snapshot, listing at most `keys` keys (the busiest; `usize::MAX`: all of
+    /// them, 0: none, which costs nothing per key).
+    fn status(&self, keys: usize) -> ClusterStatus;
 }

@@ -156,7 +156,13 @@ async fn skewed_overload_admits_the_global_limit_max_min() {
     let err = (admitted as f64 - expect) / expect;
     let shares: Vec<f64> = nodes
         .iter()
-        .map(|n| n.cluster.status().keys.first().map_or(0.0, |k| k.share))
+        .map(|n| {
+            n.cluster
+                .status(usize::MAX)
+                .keys
+                .first()
+                .map_or(0.0, |k| k.share)
+        })
         .collect();
     eprintln!(
         "max-min: admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
@@ -186,7 +192,13 @@ async fn skewed_overload_admits_the_global_limit() {
     let err = (admitted as f64 - expect) / expect;
     let shares: Vec<f64> = nodes
         .iter()
-        .map(|n| n.cluster.status().keys.first().map_or(0.0, |k| k.share))
+        .map(|n| {
+            n.cluster
+                .status(usize::MAX)
+                .keys
+                .first()
+                .map_or(0.0, |k| k.share)
+        })
         .collect();
     eprintln!(
         "admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
@@ -206,7 +218,7 @@ async fn skewed_overload_admits_the_global_limit() {
     );
     // Each node names the rule its share belongs to, as the decision metrics do.
     for n in &nodes {
-        let s = n.cluster.status();
+        let s = n.cluster.status(usize::MAX);
         let k = &s.keys[0];
         assert_eq!(
             (k.domain.as_deref(), k.rule.as_deref()),
@@ -233,7 +245,7 @@ async fn under_the_limit_nobody_is_throttled() {
 
 /// This node's share of every key it holds, and of keys it has no state for.
 fn shares_of(node: &Node) -> (Vec<(String, f64)>, f64) {
-    let s = node.cluster.status();
+    let s = node.cluster.status(usize::MAX);
     let keys = s.keys.iter().map(|k| (k.key.clone(), k.share)).collect();
     (keys, s.default_share)
 }
@@ -275,14 +287,14 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
         settled = now;
     }
     assert_eq!(settled.0.len(), 1, "one key with state: {settled:?}");
-    let before = nodes[0].cluster.status();
+    let before = nodes[0].cluster.status(usize::MAX);
     let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let wrong = PeerKey::from_text("not-the-cluster-key-at-all-0000").unwrap();
     // What the forged frames carry: node 1 giving node 0 thousands of limits' worth of the
     // key, addressed to node 0's incarnation — applied, it would move node 0's share.
     let cluster_key = u64::from_str_radix(&settled.0[0].0, 16).unwrap();
     let gift = sluice_coord::wire::encode(&sluice_coord::wire::Message {
-        from_inc: nodes[1].cluster.status().incarnation,
+        from_inc: nodes[1].cluster.status(usize::MAX).incarnation,
         to_inc: before.incarnation,
         keys: vec![sluice_coord::wire::KeyEntry {
             key: cluster_key,
@@ -319,7 +331,7 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let after = nodes[0].cluster.status();
+    let after = nodes[0].cluster.status(usize::MAX);
     assert_eq!(
         after.peer.rejected_unauthenticated - before.peer.rejected_unauthenticated,
         3
@@ -374,7 +386,7 @@ async fn graceful_leave_hands_the_share_over() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let s = nodes[0].cluster.status();
+    let s = nodes[0].cluster.status(usize::MAX);
     let share = s.keys.first().map_or(0.0, |k| k.share);
     assert!(share > 0.999, "survivor holds {share} of the limit: {s:?}");
     stop(nodes).await;
@@ -391,7 +403,7 @@ async fn an_old_node_and_new_ones_negotiate_the_version() {
     let nodes = start_versions(3, "max-min", &[MIN_VERSION]).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     let linked = |n: &Node| {
-        let s = n.cluster.status();
+        let s = n.cluster.status(usize::MAX);
         s.lease == "valid" && s.members.iter().all(|m| m.link == "up")
     };
     while !nodes.iter().all(linked) {
@@ -399,15 +411,15 @@ async fn an_old_node_and_new_ones_negotiate_the_version() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let speaks = |i: usize| -> Vec<(u32, u8)> {
-        let s = nodes[i].cluster.status();
+        let s = nodes[i].cluster.status(usize::MAX);
         s.members.iter().map(|m| (m.id, m.wire_version)).collect()
     };
     assert_eq!(speaks(0), [(1, MIN_VERSION), (2, MIN_VERSION)]);
     assert_eq!(speaks(1), [(0, MIN_VERSION), (2, VERSION)]);
     assert_eq!(speaks(2), [(0, MIN_VERSION), (1, VERSION)]);
-    let before = nodes[0].cluster.status().peer;
+    let before = nodes[0].cluster.status(usize::MAX).peer;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = nodes[0].cluster.status().peer;
+    let after = nodes[0].cluster.status(usize::MAX).peer;
     let read = after.messages_received - before.messages_received;
     let refused = after.rejected_version - before.rejected_version;
     assert!(

@@ -637,11 +637,26 @@ async fn metrics_count_the_decisions() {
     .await;
 }
 
+/// A cluster's status, and how many keys it was last asked to list.
 #[derive(Debug)]
-struct FakeCluster(Mutex<ClusterStatus>);
+struct FakeCluster(Mutex<ClusterStatus>, std::sync::atomic::AtomicUsize);
+
+impl FakeCluster {
+    fn new(s: ClusterStatus) -> Self {
+        Self(
+            Mutex::new(s),
+            std::sync::atomic::AtomicUsize::new(usize::MAX - 1),
+        )
+    }
+
+    fn listed(&self) -> usize {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 impl ClusterInfo for FakeCluster {
-    fn status(&self) -> ClusterStatus {
+    fn status(&self, keys: usize) -> ClusterStatus {
+        self.1.store(keys, std::sync::atomic::Ordering::Relaxed);
         self.0.lock().unwrap().clone()
     }
 }
@@ -716,11 +731,21 @@ async fn health_readiness_and_cluster_status() {
         assert_eq!(c["lease"], "none");
         s.stop().await;
 
-        let fake = Arc::new(FakeCluster(Mutex::new(clustered())));
+        let fake = Arc::new(FakeCluster::new(clustered()));
         let s = Server::start_with(EDGE, Some(fake.clone())).await;
         assert_eq!(s.get("/readyz").await.status, StatusCode::OK);
+        // A probe lists no key: it must not walk them under the driver's lock.
+        assert_eq!(fake.listed(), 0);
         let c = s.get("/v1/cluster").await.json();
         assert_eq!(c, serde_json::to_value(clustered()).unwrap());
+        assert_eq!(fake.listed(), sluice_server::status::LISTED_KEYS);
+        s.get("/v1/cluster?keys=all").await;
+        assert_eq!(fake.listed(), usize::MAX);
+        s.get("/v1/cluster?keys=7").await;
+        assert_eq!(fake.listed(), 7);
+        let r = s.get("/v1/cluster?keys=many").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(r.body.contains("keys must be"), "{}", r.body);
         let m = s.metrics().await;
         assert_eq!(
             m.get("sluice_cluster_lease", &[("state", "valid")]),

@@ -299,7 +299,7 @@ impl<'a> Net<'a> {
                     *c.cluster.borrow_mut() = Arc::downgrade(&cluster);
                     let probe = async {
                         loop {
-                            *c.status.borrow_mut() = Some(cluster.status());
+                            *c.status.borrow_mut() = Some(cluster.status(usize::MAX));
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     };

@@ -60,7 +60,7 @@ impl Node {
         let list_room = (cfg.max_message_bytes / 4 / 30).max(1);
         let mut retire = Vec::new();
         let mut retired = Vec::new();
-        let mut cands = Vec::new();
+        let mut cands = Vec::with_capacity(if link.neighbour { self.keys.len() } else { 0 });
         let mut seq = self.change_seq;
         if link.neighbour {
             for (i, (&key, ks)) in self.keys.iter_mut().enumerate() {

@@ -31,7 +31,7 @@ fn fallback_name(f: Fallback) -> String {
 }
 
 impl<T: Transport> ClusterInfo for Cluster<T> {
-    fn status(&self) -> ClusterStatus {
+    fn status(&self, listed: usize) -> ClusterStatus {
         let d = self.node.lock();
         // What the engine enforces: the shares are computed `guard` ahead (see `collect`).
         let now = self.now().saturating_add(self.guard);
@@ -67,25 +67,21 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 }
             })
             .collect();
-        let keys = node
-            .active_keys()
-            .map(|k| {
-                let units = node.enforced(k, now);
-                let global = d.rules.get(&k).copied().unwrap_or(0);
-                let (domain, rule) = self.shares.rule(k).unzip();
-                KeyShareStatus {
-                    key: format!("{k:016x}"),
-                    domain,
-                    rule,
-                    share: units as f64 / SCALE as f64,
-                    limit: scaled(global, units),
-                    global_limit: global,
-                    demand: node.demand(k) / SCALE as f64,
-                }
+        // Under the lock only what needs it: the chosen keys' numbers. Names and order after.
+        let chosen = busiest(node, listed);
+        let keys: Vec<_> = chosen
+            .into_iter()
+            .map(|(k, demand)| {
+                (
+                    k,
+                    node.enforced(k, now),
+                    d.rules.get(&k).copied().unwrap_or(0),
+                    demand,
+                )
             })
             .collect();
         let c = &self.counters;
-        ClusterStatus {
+        let mut status = ClusterStatus {
             node_id: self.me,
             incarnation: node.incarnation(),
             lifecycle: lifecycle_name(node.lifecycle()).into(),
@@ -104,7 +100,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             members,
             peers_unresolved: self.addrs.unresolved(),
             default_share: node.default_enforced(now) as f64 / SCALE as f64,
-            keys,
+            keys: Vec::new(),
             dead: node
                 .dead_floors()
                 .iter()
@@ -127,6 +123,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 rejected_malformed: c.rejected_malformed.load(Ordering::Relaxed),
                 rejected_version: c.rejected_version.load(Ordering::Relaxed),
                 unaddressed: c.unaddressed.load(Ordering::Relaxed),
+                oversized: c.oversized.load(Ordering::Relaxed),
                 rejected_membership: c.rejected_membership.load(Ordering::Relaxed)
                     + node.refused_membership(),
                 directories_sent: c.directories_sent.load(Ordering::Relaxed),
@@ -142,6 +139,97 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 candidates: self.candidates.list().len(),
                 discovery_errors: self.candidates.errors(),
             },
+        };
+        drop(d);
+        status.keys = keys
+            .into_iter()
+            .map(|(k, units, global, demand)| {
+                let (domain, rule) = self.shares.rule(k).unzip();
+                KeyShareStatus {
+                    key: format!("{k:016x}"),
+                    domain,
+                    rule,
+                    share: units as f64 / SCALE as f64,
+                    limit: scaled(global, units),
+                    global_limit: global,
+                    demand: demand / SCALE as f64,
+                }
+            })
+            .collect();
+        status
+    }
+}
+
+/// The `listed` keys of largest demand, largest first (ties: lower key first); every key
+/// when `listed` reaches their number. One pass, holding at most `listed` of them.
+fn busiest(node: &sluice_coord::node::Node, listed: usize) -> Vec<(u64, f64)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    if listed == 0 {
+        return Vec::new();
+    }
+    // A min-heap of the best so far, by (demand, lower key better).
+    let mut heap: BinaryHeap<Reverse<(Demand, Reverse<u64>)>> = BinaryHeap::new();
+    for k in node.active_keys() {
+        let item = Reverse((Demand(node.demand(k)), Reverse(k)));
+        if heap.len() < listed {
+            heap.push(item);
+        } else if heap.peek().is_some_and(|least| item < *least) {
+            heap.pop();
+            heap.push(item);
         }
+    }
+    // Ascending `Reverse(...)` is descending demand, then ascending key.
+    heap.into_sorted_vec()
+        .into_iter()
+        .map(|Reverse((Demand(v), Reverse(k)))| (k, v))
+        .collect()
+}
+
+/// A demand, totally ordered (`f64::total_cmp`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Demand(f64);
+
+impl Eq for Demand {}
+
+impl PartialOrd for Demand {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Demand {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::busiest;
+    use sluice_coord::node::{Config, Node};
+
+    /// The listing holds the `n` keys of largest demand, largest first (ties: lower key),
+    /// whatever the order the keys were made in; 0 lists none, more than there are lists all.
+    #[test]
+    fn busiest_lists_the_largest_demands_first() {
+        let mut node = Node::new(Config::new(0, vec![0, 1], vec![(1, 1.0)], 1 << 20), 0)
+            .expect("a valid configuration");
+        // Demands 0, 10, 20, … in a scrambled key order; keys 90 and 91 tie, and 3 and 5.
+        let demand = |k: u64| if k == 91 { 90.0 } else { (k / 10 * 10) as f64 };
+        for k in [5u64, 91, 40, 12, 90, 77, 3, 60, 28, 84] {
+            node.set_demand(1_000_000_000, k, demand(k) * 1000.0);
+        }
+        let listed = |n| {
+            busiest(&node, n)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(0), Vec::<u64>::new());
+        assert_eq!(listed(3), [90, 91, 84]);
+        assert_eq!(listed(100), [90, 91, 84, 77, 60, 40, 28, 12, 3, 5]);
+        let demands: Vec<f64> = busiest(&node, 100).into_iter().map(|(_, d)| d).collect();
+        assert!(demands.windows(2).all(|w| w[0] >= w[1]), "{demands:?}");
     }
 }
