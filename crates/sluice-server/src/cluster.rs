@@ -155,7 +155,7 @@ impl ClusterSpec {
             incarnation: 1,
             idle_after: Duration::from_secs(30),
             state_file: None,
-            max_keys: 100_000,
+            max_keys: 10_000,
             link_budget: 60_000,
             resolver: Arc::new(SystemResolver),
             resolve_every: RESOLVE_EVERY,
@@ -222,6 +222,11 @@ pub const MAX_MIN_HEADROOM: f64 = 0.05;
 /// (an eighth of the lease if that is shorter). Covers a timer that fires late: tokio's
 /// timers have millisecond granularity, and a busy runtime polls the driver late.
 pub const EXPIRY_GUARD: Duration = Duration::from_millis(5);
+
+/// Most datagrams the driver takes in one batch (see `Cluster::on_datagrams`): enough to
+/// drain a cycle's messages from dozens of peers, few enough that a tick is never long
+/// delayed by one batch.
+const BATCH: usize = 64;
 
 /// A running node's cluster state, shared by the driver task and the status readers.
 ///
@@ -489,7 +494,7 @@ impl<T: Transport> Cluster<T> {
                 }
                 r = self.socket.recv_from(&mut buf) => {
                     if let Ok((n, src)) = r {
-                        self.on_datagram(&buf[..n], src).await;
+                        self.on_datagrams(&mut buf, n, src).await;
                     }
                 }
             }
@@ -553,7 +558,7 @@ impl<T: Transport> Cluster<T> {
                 }
                 r = self.socket.recv_from(buf) => {
                     if let Ok((n, src)) = r {
-                        self.on_datagram(&buf[..n], src).await;
+                        self.on_datagrams(buf, n, src).await;
                     }
                 }
             }
@@ -643,7 +648,41 @@ impl<T: Transport> Cluster<T> {
         self.send(out).await;
     }
 
-    async fn on_datagram(&self, datagram: &[u8], src: SocketAddr) {
+    /// A datagram (`buf[..n]` from `src`) and every one queued behind it, up to
+    /// [`BATCH`]: each message is handled, then the limits are applied and the answers
+    /// framed once for the batch. A driver that falls behind (a busy machine, many keys)
+    /// takes larger batches, so the work per datagram falls as the queue grows instead of
+    /// the queue growing without bound (leases lapsed that way).
+    async fn on_datagrams(&self, buf: &mut [u8], n: usize, src: SocketAddr) {
+        let mut messages = Vec::new();
+        let mut out = Vec::new();
+        self.accept(&buf[..n], src, &mut messages, &mut out);
+        for _ in 1..BATCH {
+            match self.socket.try_recv_from(buf) {
+                Ok((n, src)) => self.accept(&buf[..n], src, &mut messages, &mut out),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {}
+            }
+        }
+        if !messages.is_empty() {
+            let mut d = self.node.lock();
+            let now = self.now();
+            let Driven { node, rng, .. } = &mut *d;
+            node.handle_messages(now, messages, &mut || rng.next_f64());
+            out.extend(self.collect(&mut d, now));
+        }
+        self.send(out).await;
+    }
+
+    /// Opens one datagram: a coordination message joins `messages`; a directory is answered
+    /// into `out`; anything else is counted and dropped.
+    fn accept(
+        &self,
+        datagram: &[u8],
+        src: SocketAddr,
+        messages: &mut Vec<(NodeId, wire::Message)>,
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
         let Ok((from, to, payload)) = peer::open_any(&self.key, self.me, directory::ANY, datagram)
         else {
             self.counters
@@ -652,8 +691,7 @@ impl<T: Transport> Cluster<T> {
             return;
         };
         if payload.first() == Some(&directory::TAG) {
-            let out = self.on_directory(from, to, payload, src);
-            self.send(out).await;
+            out.extend(self.on_directory(from, to, payload, src));
             return;
         }
         if to != self.me || from == self.me {
@@ -697,14 +735,7 @@ impl<T: Transport> Cluster<T> {
         self.counters
             .bytes_received
             .fetch_add(datagram.len() as u64, Ordering::Relaxed);
-        let out = {
-            let mut d = self.node.lock();
-            let now = self.now();
-            let Driven { node, rng, .. } = &mut *d;
-            node.handle_message(now, from, msg, &mut || rng.next_f64());
-            self.collect(&mut d, now)
-        };
-        self.send(out).await;
+        messages.push((from, msg));
     }
 
     /// Applies the node's new limits to the shares, notes when its lease ends, and frames

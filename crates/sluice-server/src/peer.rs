@@ -43,6 +43,17 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
         buf: &mut [u8],
     ) -> impl Future<Output = io::Result<(usize, SocketAddr)>> + Send;
 
+    /// Receives one datagram already queued, without waiting: `WouldBlock` when none is.
+    /// The driver takes what queued up behind a datagram in one batch. The default never
+    /// has one (one datagram at a time).
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing is queued; otherwise as the socket's own.
+    fn try_recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        let _ = buf;
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
     /// The address this transport receives on.
     ///
     /// # Errors
@@ -65,6 +76,10 @@ impl Transport for tokio::net::UdpSocket {
     ) -> impl Future<Output = io::Result<(usize, SocketAddr)>> + Send {
         // Cancel safe (tokio documents it).
         tokio::net::UdpSocket::recv_from(self, buf)
+    }
+
+    fn try_recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        tokio::net::UdpSocket::try_recv_from(self, buf)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {

@@ -15,6 +15,31 @@ impl Node {
         self.handle_message_in(now, from, &mut msg, draw);
     }
 
+    /// Messages received together (a driver's batch of datagrams queued at `now`): each is
+    /// taken as [`Node::handle_message`] takes it, and the news is answered once for the
+    /// batch. Answering per message walked every key per message (the relay's requests and
+    /// gifts); per batch, a driver that falls behind does less work per message, not more.
+    pub fn handle_messages(
+        &mut self,
+        now: Nanos,
+        messages: impl IntoIterator<Item = (NodeId, Message)>,
+        draw: &mut dyn FnMut() -> f64,
+    ) {
+        let mut news = StackVec::<NodeId, 16>::new();
+        let mut heard = false;
+        for (from, mut msg) in messages {
+            if let Some(n) = self.take_message(now, from, &mut msg) {
+                heard = true;
+                if n {
+                    news.push(from);
+                }
+            }
+        }
+        if heard {
+            self.react(now, &news, draw);
+        }
+    }
+
     /// [`Node::handle_message`] on a borrowed message: a driver can decode every message
     /// into one buffer ([`crate::wire::decode_into`]) instead of allocating one per message.
     pub fn handle_message_in(
@@ -24,19 +49,28 @@ impl Node {
         msg: &mut Message,
         draw: &mut dyn FnMut() -> f64,
     ) {
+        if let Some(news) = self.take_message(now, from, msg) {
+            let news: &[NodeId] = if news { &[from] } else { &[] };
+            self.react(now, news, draw);
+        }
+    }
+
+    /// Takes what `msg` says; `Some(news)` when the sender is a neighbour whose message
+    /// counts (then the news is answered: [`Node::react`]), with whether it gave us more.
+    fn take_message(&mut self, now: Nanos, from: NodeId, msg: &mut Message) -> Option<bool> {
         if self.lifecycle == Lifecycle::Left || from == self.cfg.id {
-            return;
+            return None;
         }
         // A sender with other voting members counts other quorums and initial shares: its
         // leases, votes and gifts mean nothing here (0: a version-12 sender, not stated).
         if msg.members != 0 && msg.members != self.members_digest {
             self.refused_membership += 1;
-            return;
+            return None;
         }
         // Votes and dead floors are facts about the cluster, whoever tells them.
         self.take_fences(now, &msg.votes, &msg.dead);
         if self.lifecycle == Lifecycle::Left {
-            return;
+            return None;
         }
         if msg.from_inc <= self.dead.get(&from).copied().unwrap_or(0) {
             // A dead incarnation that does not know it yet (a healed cut): our next message
@@ -44,7 +78,7 @@ impl Node {
             if let Some(l) = self.links.get_mut(&from) {
                 l.delta.dead_sent = self.dead_version.wrapping_sub(1);
             }
-            return;
+            return None;
         }
         let link_inc = self.links.get(&from).map(|l| l.inc);
         let known = self.links.contains_key(&from);
@@ -54,14 +88,14 @@ impl Node {
             // it before (the dead floor, checked above, keeps its old incarnations out).
             let rejoin = self.dead.contains_key(&from) && msg.to_inc == self.inc;
             if !rejoin && (msg.lifecycle != Lifecycle::Joining || msg.to_inc != 0) {
-                return;
+                return None;
             }
             // Its link takes whatever weight it is given: the law gives with γ capped by the
             // stability bound of the live degree at every tick (seed 003 Thm 1), so a new
             // neighbour cannot make it unstable.
             if self.links.len() >= membership::MAX_LINKS {
                 self.changes.refused += 1;
-                return;
+                return None;
             }
             let w = self.cfg.join_weight;
             self.link_entry(from, now, true).weight = w;
@@ -113,7 +147,7 @@ impl Node {
             if self.set_dead(from, msg.from_inc, now) {
                 self.changes.leaves += 1;
             }
-            return;
+            return None;
         }
         self.take_audit(from, (msg.from_inc, msg.to_inc), msg.audit.as_deref(), now);
         if self.lifecycle == Lifecycle::Joining && msg.lifecycle == Lifecycle::Active {
@@ -124,7 +158,7 @@ impl Node {
         // beyond its start was given while a quorum heard it).
         let neighbour = self.links.get(&from).is_some_and(|l| l.neighbour);
         if !neighbour || !(msg.to_inc == self.inc || msg.to_inc == 0) {
-            return;
+            return None;
         }
         let leased = self.lease_state(now) != LeaseState::Expired;
         let mut news = false;
@@ -202,19 +236,17 @@ impl Node {
                 }
             }
         }
-        self.react(now, from, news, draw);
+        Some(news)
     }
 
     /// Seed 004: news is answered at once where tokens allow. A reply to the sender, a
     /// relay gift to whoever asked (so capacity crosses several hops within one cycle), and
     /// a changed relay request to the neighbours it concerns. Only relay gifts are made
     /// here: the law's gifts stay once per cycle, as its stability bound assumes.
-    fn react(&mut self, now: Nanos, from: NodeId, news: bool, draw: &mut dyn FnMut() -> f64) {
+    fn react(&mut self, now: Nanos, news: &[NodeId], draw: &mut dyn FnMut() -> f64) {
         // (A sorted, deduplicated vector: a set in id order without a node per entry.)
         let mut notify = StackVec::<NodeId, 16>::new();
-        if news {
-            notify.push(from);
-        }
+        notify.extend(news.iter().copied());
         // The usable neighbours, once for the whole message (the sends below change none).
         let mut plans = StackVec::<Option<RelayPlan>, 4>::new();
         let mut relay = None;

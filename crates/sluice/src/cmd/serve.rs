@@ -141,8 +141,10 @@ pub(crate) struct Args {
     max_keys: usize,
     /// Most keys with coordinated state per node, in a cluster. At the cap a new heavy key
     /// stays on the static split (1/N of its limit here, which is safe), and idle keys are
-    /// retired at once to make room (docs/PROTOCOL.md "Many keys").
-    #[arg(long, value_name = "N", default_value = "100000",
+    /// retired at once to make room (docs/PROTOCOL.md "Many keys"). Every coordinated key
+    /// costs work each cycle, so the cap bounds CPU as well as memory: see docs/BENCHMARKS.md
+    /// ("Heavy-key flood") before raising it.
+    #[arg(long, value_name = "N", default_value = "10000",
           value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub(super) max_cluster_keys: u64,
     /// Peer bytes per cycle per link, in a cluster: a burst of changed keys goes out over
