@@ -182,9 +182,6 @@ struct LinkKey {
     given_sent: u64,
     /// The peer's latest entry said the key is idle there.
     peer_idle: bool,
-    /// Sends to the peer this key's due entry was left out of, in a row (the budget was
-    /// spent): the longest left out go first (`delta::choose`). In the struct's padding.
-    waited: u16,
     /// Where retiring this link's counters stands (see "Idle keys").
     retirement: Retirement,
 }

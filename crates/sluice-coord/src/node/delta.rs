@@ -141,12 +141,10 @@ pub(super) struct Candidate {
     pub(super) urgent: bool,
     /// The peer may lack it (vs only a refresh would send it).
     pub(super) due: bool,
-    /// Sends to this peer its due entry was left out of (0 without link state for it).
-    pub(super) waited: u16,
 }
 
 /// Chooses the entries of one message worth at most `room` bytes of entries: urgent ones,
-/// then the peer's unacknowledged changes, longest left out first, then oldest first, then (on a refresh) the others from
+/// then the peer's unacknowledged changes oldest first, then (on a refresh) the others from
 /// `from` on, round the key space. Returns the entries in key order, the horizon (every due
 /// change numbered above `acked` and at most it is in), whether every key is in, and the
 /// last key refreshed.
@@ -162,10 +160,7 @@ pub(super) fn choose(
     let mut left = room;
     let mut horizon = seq;
     let (mut due, rest): (Vec<_>, Vec<_>) = cands.drain(..).partition(|c| c.due);
-    // Longest left out first, then oldest change: a key that changes every cycle gets a new
-    // change number each time, so by change alone it waited behind a backlog for as long as
-    // the backlog lasted (a busy key's indicator, behind a flood of new keys).
-    due.sort_unstable_by_key(|c| (!c.urgent, std::cmp::Reverse(c.waited), c.changed));
+    due.sort_unstable_by_key(|c| (!c.urgent, c.changed));
     for c in due {
         let len = wire::key_entry_len(&c.entry);
         if len <= left {

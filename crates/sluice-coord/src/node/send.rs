@@ -105,7 +105,6 @@ impl Node {
                 // key hears requests with the key's changes and refreshes).
                 let urgent = l.given != l.given_sent
                     || lk.is_some_and(|l| relay_changed(l.relay_sent, relay));
-                let due = ks.changed > acked || l.given > l.acked;
                 if urgent || ks.advert.is_none_or(|a| a.moved(&advert, gamma * degree)) {
                     ks.advert = Some(advert);
                     seq += 1;
@@ -125,13 +124,8 @@ impl Node {
                     changed: ks.changed,
                     urgent,
                     // A gift is due until the peer's `seen` says it arrived.
-                    due,
-                    waited: l.waited,
+                    due: ks.changed > acked || l.given > l.acked,
                 });
-                // One more send this due entry may be left out of (reset below if it goes).
-                if due && let Some(lk) = ks.links.get_mut(&to) {
-                    lk.waited = lk.waited.saturating_add(1);
-                }
             }
         }
         self.change_seq = seq;
@@ -180,7 +174,6 @@ impl Node {
             {
                 lk.relay_sent = e.relay;
                 lk.given_sent = lk.given;
-                lk.waited = 0;
             }
         }
         message.all_keys = all && self.links.get(&to).is_some_and(|l| l.neighbour);
