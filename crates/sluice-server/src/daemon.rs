@@ -450,7 +450,12 @@ fn bind_peer(addr: std::net::SocketAddr) -> std::io::Result<UdpSocket> {
         tracing::warn!(error = %e, "cannot enlarge the peer socket's receive buffer");
     }
     // Linux reports twice what it grants (the other half is its bookkeeping).
-    let got = socket.recv_buffer_size().unwrap_or(0);
+    let reported = socket.recv_buffer_size().unwrap_or(0);
+    let got = if cfg!(target_os = "linux") {
+        reported / 2
+    } else {
+        reported
+    };
     if got < PEER_RECV_BUFFER {
         tracing::warn!(
             asked = PEER_RECV_BUFFER,

@@ -154,16 +154,7 @@ async fn skewed_overload_admits_the_global_limit_max_min() {
     let admitted: u64 = counts.iter().map(|c| c.0).sum();
     let expect = 2.0 * l;
     let err = (admitted as f64 - expect) / expect;
-    let shares: Vec<f64> = nodes
-        .iter()
-        .map(|n| {
-            n.cluster
-                .status(usize::MAX)
-                .keys
-                .first()
-                .map_or(0.0, |k| k.share)
-        })
-        .collect();
+    let shares: Vec<f64> = nodes.iter().map(first_share).collect();
     eprintln!(
         "max-min: admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
         err * 100.0
@@ -190,16 +181,7 @@ async fn skewed_overload_admits_the_global_limit() {
     let admitted: u64 = counts.iter().map(|c| c.0).sum();
     let expect = 2.0 * l;
     let err = (admitted as f64 - expect) / expect;
-    let shares: Vec<f64> = nodes
-        .iter()
-        .map(|n| {
-            n.cluster
-                .status(usize::MAX)
-                .keys
-                .first()
-                .map_or(0.0, |k| k.share)
-        })
-        .collect();
+    let shares: Vec<f64> = nodes.iter().map(first_share).collect();
     eprintln!(
         "admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
         err * 100.0
@@ -241,6 +223,15 @@ async fn under_the_limit_nobody_is_throttled() {
     eprintln!("per node (admitted, refused) {counts:?}");
     assert_eq!(refused, 0, "{counts:?}");
     stop(nodes).await;
+}
+
+/// This node's share of its busiest key (the only key of these tests), 0 without one.
+fn first_share(node: &Node) -> f64 {
+    node.cluster
+        .status(usize::MAX)
+        .keys
+        .first()
+        .map_or(0.0, |k| k.share)
 }
 
 /// This node's share of every key it holds, and of keys it has no state for.

@@ -161,47 +161,19 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
 }
 
 /// The `listed` keys of largest demand, largest first (ties: lower key first); every key
-/// when `listed` reaches their number. One pass, holding at most `listed` of them.
+/// when `listed` reaches their number. Selection, then a sort of the selected only.
 fn busiest(node: &sluice_coord::node::Node, listed: usize) -> Vec<(u64, f64)> {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
     if listed == 0 {
         return Vec::new();
     }
-    // A min-heap of the best so far, by (demand, lower key better).
-    let mut heap: BinaryHeap<Reverse<(Demand, Reverse<u64>)>> = BinaryHeap::new();
-    for k in node.active_keys() {
-        let item = Reverse((Demand(node.demand(k)), Reverse(k)));
-        if heap.len() < listed {
-            heap.push(item);
-        } else if heap.peek().is_some_and(|least| item < *least) {
-            heap.pop();
-            heap.push(item);
-        }
+    let mut keys: Vec<(u64, f64)> = node.active_keys().map(|k| (k, node.demand(k))).collect();
+    let order = |a: &(u64, f64), b: &(u64, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if listed < keys.len() {
+        keys.select_nth_unstable_by(listed, order);
+        keys.truncate(listed);
     }
-    // Ascending `Reverse(...)` is descending demand, then ascending key.
-    heap.into_sorted_vec()
-        .into_iter()
-        .map(|Reverse((Demand(v), Reverse(k)))| (k, v))
-        .collect()
-}
-
-/// A demand, totally ordered (`f64::total_cmp`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Demand(f64);
-
-impl Eq for Demand {}
-
-impl PartialOrd for Demand {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Demand {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
+    keys.sort_unstable_by(order);
+    keys
 }
 
 #[cfg(test)]
