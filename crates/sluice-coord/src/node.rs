@@ -274,14 +274,30 @@ struct KeyState {
     idle_since: Option<Nanos>,
     /// Idle for at least `Config::idle_after`.
     quiet: bool,
-    /// The number of the latest change of the key's entry (`Node::change_seq`): a link
-    /// whose peer acknowledged less sends it (`delta`).
+    /// The number of the key's entry in the order of changes (`Node::change_seq`): a link
+    /// whose peer acknowledged less sends it (`delta`). A change takes a new number only if
+    /// the entry went out since it took its last one (`KeyState::change`).
     changed: u64,
+    /// An entry of the key went out (on any link) since it took its number.
+    sent: bool,
     /// What the key's entries last said of it (`None`: nothing yet).
     advert: Option<delta::Advert>,
 }
 
 impl KeyState {
+    /// Records a change of the key's entry. A key whose entry has not gone out since it was
+    /// numbered keeps its number, and so its place in the links' order of changes: every
+    /// link still lacks it (a message whose horizon covers a number holds that key), and a
+    /// key that changes every cycle would otherwise always be the newest and wait behind
+    /// every other change for as long as they exceed the budget.
+    fn change(&mut self, seq: &mut u64) {
+        if self.sent || self.changed == 0 {
+            *seq += 1;
+            self.changed = *seq;
+            self.sent = false;
+        }
+    }
+
     fn own(&self) -> u64 {
         debug_assert_eq!(
             (self.seen_sum, self.given_sum),
@@ -428,6 +444,8 @@ pub struct Node {
     refused: u64,
     /// Keys made quiet early because `Config::max_keys` were held.
     evicted: u64,
+    /// Keys given state over the cap because an entry for them held capacity (`cap`).
+    over_cap: u64,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -508,6 +526,7 @@ impl Node {
             change_seq: 0,
             refused: 0,
             evicted: 0,
+            over_cap: 0,
             cfg,
         };
         node.own_past_is_dead(now);
@@ -736,6 +755,7 @@ impl Node {
             idle_since: None,
             quiet: false,
             changed: 0,
+            sent: false,
             advert: None,
         })
     }

@@ -198,6 +198,67 @@ fn a_burst_of_keys_is_paced_by_the_link_budget() {
     println!("10,000 keys at a {budget} B budget: out and converged in {cycles} cycles");
 }
 
+/// More keys change every cycle than a link's budget carries: each still goes out within a
+/// few cycles, the highest-numbered ones too (a busy key beside a flood of changing keys,
+/// "Many keys": a key keeps its place in the order of changes until its entry goes out).
+/// Fails if every change takes a new number: keys changing every cycle are then renumbered
+/// in key order at every send, and those past the budget never go out.
+#[test]
+fn keys_changing_every_cycle_all_go_out_past_the_budget() {
+    let budget = 20_000;
+    let mut net = Net::new(3, |c| c.link_budget = budget);
+    let keys = 3_000u64;
+    let demand = |high: bool| -> Vec<(NodeId, Key, f64)> {
+        (0..keys)
+            .map(|k| (0, 10_000 + k, if high { 800_000.0 } else { 200_000.0 }))
+            .collect()
+    };
+    for c in 0..10 {
+        net.cycle(&demand(c % 2 == 0));
+    }
+    net.log.clear();
+    let cycles = 20;
+    for c in 0..cycles {
+        net.cycle(&demand(c % 2 == 0));
+    }
+    let bytes: usize = net
+        .log
+        .iter()
+        .filter(|(f, t, ..)| (*f, *t) == (0, 1))
+        .map(|l| l.2)
+        .sum();
+    // The budget binds: the changes did not all fit.
+    assert!(bytes <= (budget + 2_000) * cycles, "{bytes}");
+    let mut carried = vec![0usize; keys as usize];
+    for (f, t, _, ks) in &net.log {
+        if (*f, *t) == (0, 1) {
+            for k in ks {
+                if let Some(n) = k
+                    .checked_sub(10_000)
+                    .and_then(|i| carried.get_mut(i as usize))
+                {
+                    *n += 1;
+                }
+            }
+        }
+    }
+    let never = carried.iter().filter(|&&n| n == 0).count();
+    let least = carried.iter().min().copied().unwrap_or(0);
+    println!(
+        "{keys} keys changing every cycle at a {budget} B budget: {bytes} B over {cycles} \
+         cycles, each key out {least}..{} times",
+        carried.iter().max().copied().unwrap_or(0)
+    );
+    assert_eq!(never, 0, "{never} keys never went out in {cycles} cycles");
+    assert!(
+        least >= 2,
+        "a key went out only {least} times in {cycles} cycles"
+    );
+    for k in (0..keys).step_by(97) {
+        assert!(net.sum_enforced(10_000 + k) <= LIMIT);
+    }
+}
+
 /// With `max_keys`, a node never holds state for more keys than the cap on demand alone: new
 /// keys stay on the static split (Σ enforced ≤ L for every key), refusals are counted, idle
 /// keys are retired early, and once they are dropped new keys get state again.

@@ -29,7 +29,7 @@
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
 //! | `sluice_cluster_audit_rounds_total` | counter | |
 //! | `sluice_cluster_keys`, `sluice_cluster_max_keys` | gauge | (keys with coordinated state, and the cap: docs/PROTOCOL.md "Many keys") |
-//! | `sluice_cluster_keys_refused_total`, `sluice_cluster_keys_evicted_total` | counter | (refused coordination at the cap; idle keys retired early at the cap) |
+//! | `sluice_cluster_keys_refused_total`, `sluice_cluster_keys_evicted_total`, `sluice_cluster_keys_over_cap_total` | counter | (refused coordination at the cap; idle keys retired early at the cap; keys given state beyond the cap because an entry held capacity) |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
 //! | `sluice_peer_rejected_total` | counter | `reason` (`unauthenticated`, `malformed`, `version`, `membership`) |
 //! | `sluice_cluster_membership_changes_total` | counter | `change` (`join`, `leave`, `fence`, `refused`) |
@@ -762,6 +762,11 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
             "sluice_cluster_keys_evicted",
             "Idle keys retired early because the cap was held",
             s.cap.keys_evicted,
+        ),
+        (
+            "sluice_cluster_keys_over_cap",
+            "Keys given state beyond the cap because what arrived for them held capacity",
+            s.cap.keys_over_cap,
         ),
     ] {
         let m = encoder.encode_descriptor(name, help, None, counter.metric_type())?;

@@ -103,6 +103,9 @@ pub struct KeyCap {
     pub keys_refused: u64,
     /// Idle keys retired early because the cap was held.
     pub keys_evicted: u64,
+    /// Keys given state beyond the cap because what arrived for them held capacity (every
+    /// key held beyond `max_cluster_keys` is counted here).
+    pub keys_over_cap: u64,
 }
 
 impl KeyCap {
@@ -114,6 +117,7 @@ impl KeyCap {
             max_cluster_keys: node.config().max_keys.unwrap_or(0),
             keys_refused: node.refused_keys(),
             keys_evicted: node.evicted_keys(),
+            keys_over_cap: node.keys_over_cap(),
         }
     }
 }

@@ -596,6 +596,7 @@ impl Node {
             if !self.keys.contains_key(k) && a != i128::from(add_default) {
                 changed |= a > 0;
                 let base = i64::try_from(old_default + a).unwrap_or(i64::MAX);
+                self.admit_over_cap(*k);
                 self.key_mut(*k).base = base;
             }
         }

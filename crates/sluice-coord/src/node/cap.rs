@@ -22,6 +22,14 @@ impl Node {
         refuse
     }
 
+    /// Records that `key`, which may have no state yet, gets state whatever the cap, because
+    /// what arrived for it holds capacity: counted when that takes the node over the cap.
+    pub(super) fn admit_over_cap(&mut self, key: Key) {
+        if self.under_pressure() && !self.keys.contains_key(&key) {
+            self.over_cap += 1;
+        }
+    }
+
     /// Whether the cap is held: idle keys are then made quiet at once instead of after
     /// `Config::idle_after`, so that they level back, retire and are dropped early.
     pub(super) fn under_pressure(&self) -> bool {
@@ -39,6 +47,13 @@ impl Node {
     #[must_use]
     pub fn refused_keys(&self) -> u64 {
         self.refused
+    }
+
+    /// Keys given state beyond [`Config::max_keys`] because an entry for them held capacity
+    /// (never refused: it would be lost). Every key held beyond the cap was counted here.
+    #[must_use]
+    pub fn keys_over_cap(&self) -> u64 {
+        self.over_cap
     }
 
     /// Keys made quiet early (to be retired and dropped) because [`Config::max_keys`] keys

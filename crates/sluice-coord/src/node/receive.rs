@@ -173,6 +173,9 @@ impl Node {
             if new && !counters && ((e.idle && !request) || self.refuse_new(e.key)) {
                 continue;
             }
+            if new && counters {
+                self.admit_over_cap(e.key);
+            }
             let idle_after = self.cfg.idle_after;
             let ks = self.key_mut(e.key);
             // State created by a neighbour where the key is idle (a level request, "Idle
@@ -192,13 +195,12 @@ impl Node {
                 // Counters of the retired generation may still be in this message.
                 continue;
             }
-            if e.given > lk.seen && leased {
+            // Our `seen` is the sender's acknowledgement: a change of our entry.
+            let seen_moved = e.given > lk.seen && leased;
+            if seen_moved {
                 ks.seen_sum = ks.seen_sum.wrapping_add(e.given - lk.seen);
                 lk.seen = e.given;
                 news = true;
-                // Our `seen` is the sender's acknowledgement: a change of our entry.
-                seq += 1;
-                ks.changed = seq;
                 // A gift of the retiring generation: the peer's `given` was never our `c`
                 // since we proposed, and never will be, so it cannot match: end the round.
                 if lk.retiring().is_some() {
@@ -216,6 +218,9 @@ impl Node {
                     e.seen,
                 ));
                 lk.relay = relay;
+            }
+            if seen_moved {
+                ks.change(&mut seq);
             }
         }
         self.change_seq = seq;

@@ -107,8 +107,7 @@ impl Node {
                     || lk.is_some_and(|l| relay_changed(l.relay_sent, relay));
                 if urgent || ks.advert.is_none_or(|a| a.moved(&advert, gamma * degree)) {
                     ks.advert = Some(advert);
-                    seq += 1;
-                    ks.changed = seq;
+                    ks.change(&mut seq);
                 }
                 cands.push(delta::Candidate {
                     entry: KeyEntry {
@@ -167,13 +166,12 @@ impl Node {
         let room = credit.min(self.cfg.max_message_bytes).saturating_sub(head);
         let (keys, horizon, all, last) = delta::choose(cands, room, acked, seq, refresh);
         for e in &keys {
-            if let Some(lk) = self
-                .keys
-                .get_mut(&e.key)
-                .and_then(|ks| ks.links.get_mut(&to))
-            {
-                lk.relay_sent = e.relay;
-                lk.given_sent = lk.given;
+            if let Some(ks) = self.keys.get_mut(&e.key) {
+                ks.sent = true;
+                if let Some(lk) = ks.links.get_mut(&to) {
+                    lk.relay_sent = e.relay;
+                    lk.given_sent = lk.given;
+                }
             }
         }
         message.all_keys = all && self.links.get(&to).is_some_and(|l| l.neighbour);
