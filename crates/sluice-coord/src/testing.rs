@@ -172,6 +172,9 @@ pub struct Traffic {
     pub messages: u64,
     /// Encoded bytes sent.
     pub bytes: u64,
+    /// Messages larger than the sender's `Config::max_message_bytes`: dropped, as a daemon
+    /// drops a message that does not fit in one datagram.
+    pub oversized: u64,
 }
 
 /// A cluster on a simulated network. Real time advances in steps of one cycle.
@@ -445,10 +448,18 @@ impl Cluster {
         else {
             return;
         };
+        let most = self
+            .slots
+            .get(&id)
+            .map_or(usize::MAX, |s| s.cfg.max_message_bytes);
         for out in ready.messages {
             let bytes = wire::encode(&out.message);
             self.traffic.messages += 1;
             self.traffic.bytes += bytes.len() as u64;
+            if bytes.len() > most {
+                self.traffic.oversized += 1;
+                continue;
+            }
             if self.rng.next_f64() < self.net.loss {
                 continue;
             }

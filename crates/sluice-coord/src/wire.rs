@@ -10,15 +10,15 @@ pub type NodeId = u32;
 /// A dynamic limit key (a hashed IP, a tenant id).
 pub type Key = u64;
 
-/// The encoding's version, its first byte, as this build writes it by default. 13: the
-/// sender's members digest ([`Message::members`]). 12: quorum leases and fences (votes and
-/// dead floors), the audit. Earlier versions are in git history.
-pub const VERSION: u8 = 13;
+/// The encoding's version, its first byte, as this build writes it by default. 14: a gather
+/// report split into parts ([`Audit::part`]). 13: the sender's members digest
+/// ([`Message::members`]). Earlier versions are in git history.
+pub const VERSION: u8 = 14;
 
 /// The oldest version this build still reads and writes (the previous one: a node of
 /// version N answers a node of N−1 in its version, so a rolling upgrade never partitions a
 /// cluster; docs/PROTOCOL.md, "Versions").
-pub const MIN_VERSION: u8 = 12;
+pub const MIN_VERSION: u8 = 13;
 
 /// A digest of a set of voting members ([`Message::members`]): FNV-1a 64 over the sorted,
 /// deduplicated ids, each as 4 little-endian bytes; never 0 (which says "not stated"), a 0
@@ -98,8 +98,8 @@ pub struct Message {
     /// Sender's lifecycle.
     pub lifecycle: Lifecycle,
     /// The digest of the sender's voting members ([`members_digest`]); 0: not stated (a
-    /// version-12 sender). A receiver with other members ignores the message: it would count
-    /// other quorums and initial shares. Since version 13.
+    /// sender of an earlier version). A receiver with other members ignores the message: it
+    /// would count other quorums and initial shares. Since version 13.
     pub members: u64,
     /// `keys` holds every key the sender has state for: a key missing from it has no state
     /// at the sender, which is idle there (see [`crate::node`] "Idle keys"). False for a
@@ -150,11 +150,50 @@ pub struct Audit {
     /// The sender needs nothing more from the receiver in this wave (it has it accounted and
     /// holds its `ack`): no answer is asked for.
     pub done: bool,
-    /// To the parent: the sender's whole subtree, once complete.
+    /// To the parent: the sender's whole subtree, once complete (with `part`: one part of it).
     pub report: Option<AuditReport>,
+    /// A gather report too large for one datagram goes in parts: this message's `report`
+    /// holds part `index` of `count` of the report's `devs` (cut by [`split_devs`]) and all of
+    /// its other fields. The parent has the report once it holds every part. Since version 14.
+    pub part: Option<Part>,
     /// A confirm wave's dead floors `(node, incarnation)`: every reader installs them
     /// before it reads again.
     pub fence: Vec<(NodeId, u64)>,
+}
+
+/// Which part of a gather report a message holds (see [`Audit::part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Part {
+    /// This part, `0..count`.
+    pub index: u32,
+    /// The report's parts, at least 2 and at most [`MAX_PARTS`].
+    pub count: u32,
+}
+
+/// The most parts a gather report is split into (what a receiver keeps room for).
+pub const MAX_PARTS: u32 = 1 << 16;
+
+/// Cuts a gather report's `devs` into consecutive parts of at most `max_bytes` encoded bytes
+/// each (one entry alone may be larger): the ranges of [`Audit::part`]. One range for a
+/// report that fits; never more than [`MAX_PARTS`] (the last ones then grow).
+#[must_use]
+pub fn split_devs(devs: &[(Key, i64)], max_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, &(k, d)) in devs.iter().enumerate() {
+        let len = varint_len(k) + varint_len(zigzag(d));
+        if bytes + len > max_bytes && i > start && parts.len() + 1 < MAX_PARTS as usize {
+            parts.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += len;
+    }
+    parts.push(start..devs.len());
+    parts
+}
+
+fn zigzag(d: i64) -> u64 {
+    ((d << 1) ^ (d >> 63)) as u64
 }
 
 /// Which wave of the audit (see [`Audit`]). Waves of one root are ordered; a node follows
@@ -262,8 +301,9 @@ pub fn encode_into(m: &Message, out: &mut Vec<u8>) {
 }
 
 /// Encodes a message in `version` (one of [`MIN_VERSION`]`..=`[`VERSION`]): what a peer
-/// of that version reads. Fields the version does not have are left out (version 12:
-/// [`Message::members`], which its receiver then reads as 0).
+/// of that version reads. Fields the version does not have are left out; a part of a
+/// gather report, which version 13 cannot say, goes as a report that failed (its round
+/// fails, as it would have without parts: the whole report would not fit in a datagram).
 ///
 /// # Errors
 /// [`WireError::Version`] for a version this build does not write.
@@ -330,9 +370,8 @@ fn write<S: Sink>(m: &Message, version: u8, out: &mut S) {
     // The rare lists are written only when flagged, so the usual message pays nothing.
     let retirements = !(m.retire.is_empty() && m.retired.is_empty() && m.confirm.is_empty());
     let fences = !(m.votes.is_empty() && m.dead.is_empty());
-    // Version 13 added the members digest behind the last free flag bit (a version-12
-    // message is a version-13 one without it).
-    let members = version >= 13 && m.members != 0;
+    // Version 13 added the members digest behind the last free flag bit.
+    let members = m.members != 0;
     out.push(
         life | (u8::from(m.all_keys) << 2)
             | (u8::from(m.rest) << 3)
@@ -381,7 +420,7 @@ fn write<S: Sink>(m: &Message, version: u8, out: &mut S) {
         put_pairs(out, &m.dead);
     }
     if let Some(a) = &m.audit {
-        put_audit(out, a);
+        put_audit(out, a, version);
     }
 }
 
@@ -393,27 +432,37 @@ fn put_pairs<S: Sink>(out: &mut S, list: &[(NodeId, u64)]) {
     }
 }
 
-fn put_audit<S: Sink>(out: &mut S, a: &Audit) {
+fn put_audit<S: Sink>(out: &mut S, a: &Audit, version: u8) {
     put(out, u64::from(a.wave.root));
     put(out, a.wave.root_inc);
     put(out, a.wave.round);
-    let ok = a.report.as_ref().is_some_and(|r| r.ok);
+    let failed = AuditReport::default();
+    let (report, part) = match (a.report.as_ref(), a.part) {
+        (Some(_), Some(_)) if version < 14 => (Some(&failed), None),
+        (r, p) => (r, p.filter(|_| r.is_some() && !a.wave.confirm)),
+    };
+    let ok = report.is_some_and(|r| r.ok);
     out.push(
         u8::from(a.wave.confirm)
             | (u8::from(a.child) << 1)
             | (u8::from(a.ack) << 2)
-            | (u8::from(a.report.is_some()) << 3)
+            | (u8::from(report.is_some()) << 3)
             | (u8::from(ok) << 4)
-            | (u8::from(a.done) << 5),
+            | (u8::from(a.done) << 5)
+            | (u8::from(part.is_some()) << 6),
     );
+    if let Some(p) = part {
+        put(out, u64::from(p.index));
+        put(out, u64::from(p.count));
+    }
     put_pairs(out, &a.fence);
     // A confirming report is its `ok` bit alone.
-    if let Some(r) = a.report.as_ref().filter(|_| !a.wave.confirm) {
+    if let Some(r) = report.filter(|_| !a.wave.confirm) {
         put(out, r.defaults);
         put(out, r.devs.len() as u64);
         for &(k, d) in &r.devs {
             put(out, k);
-            put(out, ((d << 1) ^ (d >> 63)) as u64);
+            put(out, zigzag(d));
         }
         put_pairs(out, &r.incs);
         put(out, r.members.len() as u64);
@@ -466,11 +515,7 @@ pub fn decode_into_versioned(bytes: &[u8], out: &mut Message) -> Result<u8, Wire
     let to_inc = r.var()?;
     let sent_at = r.var()?;
     let echo = r.var()?;
-    let at = r.at;
     let flags = r.byte()?;
-    if flags & 0x80 != 0 && v < 13 {
-        return Err(WireError::Tag { tag: flags, at });
-    }
     let members = if flags & 0x80 != 0 {
         let at = r.at;
         let lo = u64::from(u32::from_le_bytes(r.take4()?));
@@ -553,7 +598,7 @@ pub fn decode_into_versioned(bytes: &[u8], out: &mut Message) -> Result<u8, Wire
         dead = r.pairs()?;
     }
     let audit = if flags & 64 != 0 {
-        Some(Box::new(read_audit(&mut r)?))
+        Some(Box::new(read_audit(&mut r, v)?))
     } else {
         None
     };
@@ -580,17 +625,33 @@ pub fn decode_into_versioned(bytes: &[u8], out: &mut Message) -> Result<u8, Wire
     Ok(v)
 }
 
-fn read_audit(r: &mut Reader<'_>) -> Result<Audit, WireError> {
+fn read_audit(r: &mut Reader<'_>, version: u8) -> Result<Audit, WireError> {
     let root = r.id()?;
     let root_inc = r.var()?;
     let round = r.var()?;
     let at = r.at;
     let flags = r.byte()?;
-    // `ok` without a report: not what any encoder writes.
-    if flags & !63 != 0 || (flags & 8 == 0 && flags & 16 != 0) {
+    let confirm = flags & 1 != 0;
+    // `ok` without a report, a part of none or of a confirm: not what any encoder writes.
+    let part = flags & 64 != 0;
+    if flags & 128 != 0
+        || (flags & 8 == 0 && flags & 16 != 0)
+        || (part && (version < 14 || flags & 8 == 0 || confirm))
+    {
         return Err(WireError::Tag { tag: flags, at });
     }
-    let confirm = flags & 1 != 0;
+    let part = if part {
+        let (index, count) = (r.var()?, r.var()?);
+        if count < 2 || count > u64::from(MAX_PARTS) || index >= count {
+            return Err(WireError::Count(count.max(index)));
+        }
+        Some(Part {
+            index: index as u32,
+            count: count as u32,
+        })
+    } else {
+        None
+    };
     let fence = r.pairs()?;
     let report = if flags & 8 == 0 {
         None
@@ -635,6 +696,7 @@ fn read_audit(r: &mut Reader<'_>) -> Result<Audit, WireError> {
         ack: flags & 4 != 0,
         done: flags & 32 != 0,
         report,
+        part,
         fence,
     })
 }
@@ -756,158 +818,4 @@ impl Reader<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(key: Key, relay: f32) -> KeyEntry {
-        KeyEntry {
-            key,
-            given: key * 1000 + 7,
-            seen: key * 3,
-            indicator: -1.5,
-            saturated: key.is_multiple_of(2),
-            relay,
-            relay_hops: if relay > 0.0 { 3 } else { 0 },
-            idle: key.is_multiple_of(3),
-        }
-    }
-
-    fn message(keys: u64, extras: bool) -> Message {
-        Message {
-            from_inc: 2,
-            to_inc: 1,
-            sent_at: 1_000_000 + keys,
-            echo: 999,
-            lifecycle: Lifecycle::Active,
-            all_keys: extras,
-            keys: (1..=keys)
-                .map(|k| entry(k, (k % 2) as f32 * 40.0))
-                .collect(),
-            retire: if extras { vec![(1, 5, 9)] } else { Vec::new() },
-            retired: if extras { vec![(2, 77)] } else { Vec::new() },
-            confirm: if extras { vec![3] } else { Vec::new() },
-            votes: if extras { vec![(1, 4, 7)] } else { Vec::new() },
-            dead: if extras {
-                vec![(4, 6), (9, 1)]
-            } else {
-                Vec::new()
-            },
-            audit: extras.then(|| {
-                Box::new(Audit {
-                    wave: Wave {
-                        root: 1,
-                        root_inc: 3,
-                        round: 8,
-                        confirm: false,
-                    },
-                    child: true,
-                    ack: false,
-                    done: false,
-                    report: Some(AuditReport {
-                        ok: true,
-                        defaults: 900,
-                        devs: vec![(5, -40), (6, 12)],
-                        incs: vec![(1, 2), (2, 1)],
-                        members: vec![0b11],
-                        dead: vec![(4, 6)],
-                    }),
-                    fence: Vec::new(),
-                })
-            }),
-            ..Message::default()
-        }
-    }
-
-    /// Decoding into a reused buffer gives exactly what a fresh decode gives, whatever the
-    /// buffer held before (more keys, fewer, extras or none, a failed decode).
-    #[test]
-    fn decode_into_a_reused_buffer_is_decode() {
-        let mut buf = Message::default();
-        for m in [
-            message(5, true),
-            message(1, false),
-            message(0, true),
-            message(40, false),
-            message(2, false),
-        ] {
-            let bytes = encode(&m);
-            assert_eq!(encoded_len(&m), bytes.len());
-            // Appending to a buffer that already holds a message appends exactly these bytes.
-            let mut two = vec![0xAA];
-            encode_into(&m, &mut two);
-            assert_eq!(&two[1..], &bytes[..]);
-            decode_into(&bytes, &mut buf).unwrap();
-            assert_eq!(buf, m);
-            assert_eq!(decode(&bytes).unwrap(), m);
-            // A failed decode leaves a valid buffer that the next one overwrites whole.
-            assert!(decode_into(&bytes[..bytes.len() - 1], &mut buf).is_err());
-        }
-        let m = message(3, true);
-        decode_into(&encode(&m), &mut buf).unwrap();
-        assert_eq!(buf, m);
-    }
-
-    /// A message of a version this build does not read is refused by its first byte, not
-    /// misread; nor is one written.
-    #[test]
-    fn another_version_is_refused() {
-        let m = message(2, true);
-        for v in [MIN_VERSION - 1, VERSION + 1, 0, u8::MAX] {
-            let mut bytes = encode(&m);
-            bytes[0] = v;
-            assert_eq!(decode(&bytes), Err(WireError::Version(v)));
-            assert_eq!(encode_as(&m, v), Err(WireError::Version(v)));
-        }
-    }
-
-    /// Version 13 carries the members digest; version 12 leaves it out (read as 0, "not
-    /// stated"), and refuses the flag bit that announces it. A stated digest is never 0.
-    #[test]
-    fn the_members_digest_is_version_13() {
-        let m = Message {
-            members: members_digest(&[0, 1, 2]),
-            ..message(3, true)
-        };
-        let (back, v) = decode_versioned(&encode(&m)).unwrap();
-        assert_eq!((back, v), (m.clone(), 13));
-        let old = encode_as(&m, 12).unwrap();
-        assert_eq!(old[0], 12);
-        let (back, v) = decode_versioned(&old).unwrap();
-        assert_eq!(v, 12);
-        assert_eq!(
-            back,
-            Message {
-                members: 0,
-                ..m.clone()
-            }
-        );
-        // Without a digest, 13 is 12 but for its first byte.
-        let plain = message(3, true);
-        let (a, b) = (encode(&plain), encode_as(&plain, 12).unwrap());
-        assert_eq!((a[0], &a[1..]), (13, &b[1..]));
-        // The digest's flag in a version-12 message: refused, not misread.
-        let mut forged = encode(&m);
-        forged[0] = 12;
-        assert!(matches!(decode(&forged), Err(WireError::Tag { .. })));
-        // A digest of 0 written out: refused.
-        let mut zero = encode(&m);
-        let flags_at = 1 + [m.from_inc, m.to_inc, m.sent_at, m.echo]
-            .iter()
-            .map(|&x| varint_len(x))
-            .sum::<usize>();
-        zero[flags_at + 1..flags_at + 9].fill(0);
-        assert!(matches!(decode(&zero), Err(WireError::Tag { .. })));
-    }
-
-    /// The digest is a fixed function (every build must agree): FNV-1a 64 of the sorted,
-    /// deduplicated ids as little-endian u32s, never 0.
-    #[test]
-    fn the_members_digest_is_stable() {
-        assert_eq!(members_digest(&[]), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(members_digest(&[2, 0, 1, 1]), members_digest(&[0, 1, 2]));
-        assert_ne!(members_digest(&[0, 1, 2]), members_digest(&[0, 1, 3]));
-        assert_ne!(members_digest(&[0, 1]), members_digest(&[0, 1, 2]));
-        // Written down once: a change of the function would split a cluster mid-upgrade.
-        assert_eq!(members_digest(&[0, 1, 2, 3, 4]), 0xeb29_754b_740c_25f1);
-    }
-}
+mod tests;

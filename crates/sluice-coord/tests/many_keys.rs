@@ -365,3 +365,85 @@ fn steady_keys_cost_a_fraction_of_full_messages() {
     }
     assert!(per_cycle * 4.0 <= full as f64, "{per_cycle} vs {full}");
 }
+
+/// A crash with thousands of keys whose shares moved: the survivors fold their links with
+/// the dead node, so every key's base deviates from the default, and the capacity audit
+/// must gather and mint over all of them. A report that large goes in parts (wire
+/// `Audit::part`), each within a datagram; every message fits in one (a daemon drops one
+/// that does not), and the dead node's capacity comes back: Σ own = L for every key. On a
+/// perfect network, and with loss, duplication and reordering (parts lost, resent, twice,
+/// out of order). Keys are 64-bit hashes, as the daemon's are.
+#[test]
+fn a_crash_with_thousands_of_moved_keys_is_audited_in_datagrams() {
+    use sluice_coord::testing::{Cluster, NetConfig, Step};
+    let lossy = NetConfig {
+        loss: 0.1,
+        dup: 0.05,
+        max_delay: CYCLE,
+    };
+    for (n, edges, net, keys, seed) in [
+        (3, complete(3), NetConfig::perfect(), 6_000u64, 7),
+        (4, complete(4), lossy, 6_000, 11),
+    ] {
+        let keys: Vec<Key> = (0..keys)
+            .map(|k| {
+                // splitmix64: well-spread 64-bit keys.
+                let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            })
+            .collect();
+        let make = |id, links| {
+            let mut c = config(n, id);
+            c.links = links;
+            c.gamma = 0.15;
+            c.audit_every = Some(20 * CYCLE);
+            c
+        };
+        let mut c = Cluster::new(n, &edges, make, net, seed).unwrap();
+        for (i, &k) in keys.iter().enumerate() {
+            let busy = (i as u32) % n;
+            for node in 0..n {
+                let r = if node == busy { 700_000.0 } else { 100_000.0 };
+                c.apply(Step::SetDemand(node, k, r));
+            }
+        }
+        c.apply(Step::Run(40));
+        c.apply(Step::Crash(n - 1));
+        // Back within lease·(1+ρ)² + 10 + (P − 1) cycles on a perfect network, P the parts
+        // of the largest report (docs/PROTOCOL.md, "Liveness"): at most 14 bytes a key.
+        let parts = (keys.len() * 14).div_ceil(c.node(0).unwrap().config().max_message_bytes / 2);
+        let bound = (1.001f64 * 1.001 * 10.0).ceil() as u64 + 10 + parts as u64 - 1;
+        let mut back = None;
+        for cycle in 1..=150 {
+            c.apply(Step::Run(1));
+            if back.is_none() && keys.iter().all(|&k| c.sum_own(k) == LIMIT) {
+                back = Some(cycle);
+            }
+        }
+        if net == NetConfig::perfect() {
+            let back = back.expect("the dead node's capacity never came back");
+            assert!(
+                back <= bound,
+                "{n} nodes: back after {back} cycles, bound {bound}"
+            );
+        } else {
+            // Under loss and delay some gift is in flight at most instants while shares
+            // still move: Σ own = L is checked once the last ones got through.
+            c.set_net(NetConfig::perfect());
+            c.apply(Step::Run(3));
+        }
+        assert!(c.violations.is_empty(), "{n} nodes: {:?}", c.violations);
+        assert_eq!(
+            c.traffic.oversized, 0,
+            "{n} nodes: {} messages did not fit in a datagram",
+            c.traffic.oversized
+        );
+        let short = keys.iter().filter(|&&k| c.sum_own(k) != LIMIT).count();
+        assert_eq!(
+            short, 0,
+            "{n} nodes: {short} keys did not get the dead node's capacity back"
+        );
+    }
+}

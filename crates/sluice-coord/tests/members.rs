@@ -69,14 +69,3 @@ fn a_node_with_other_members_is_ignored() {
     assert_ne!(b.lease_state(now), LeaseState::Expired);
     assert_eq!((a.peer_incarnation(1), b.peer_incarnation(0)), (1, 1));
 }
-
-/// A version-12 sender states no members (0): its messages are taken, as they must be for a
-/// rolling upgrade from version 12 (which could not check this).
-#[test]
-fn a_version_12_sender_states_no_members() {
-    let mut a = node(0, vec![0, 1, 2], 1);
-    let mut b = node(1, vec![0, 1, 2], 0);
-    let now = exchange(&mut a, &mut b, 20, 12);
-    assert_eq!((a.refused_membership(), b.refused_membership()), (0, 0));
-    assert_ne!(b.lease_state(now), LeaseState::Expired);
-}

@@ -12,7 +12,7 @@
 //! all it can hold), and mints `L − sum`.
 
 use super::*;
-use crate::wire::{Audit, AuditReport, Wave};
+use crate::wire::{Audit, AuditReport, Part, Wave};
 
 /// A node's part in the audit.
 #[derive(Debug, Clone, Default)]
@@ -64,6 +64,47 @@ struct Heard {
     solicits: bool,
     /// Its subtree's report (a child's).
     report: Option<AuditReport>,
+    /// The parts of its report we hold, while some are missing.
+    parts: Option<Parts>,
+}
+
+/// A child's report arriving in parts ([`wire::Part`]): every part carries the report's
+/// fields but `devs`, which it holds one slice of, in order.
+#[derive(Debug, Clone)]
+struct Parts {
+    /// The report without its `devs`.
+    head: AuditReport,
+    slices: Vec<Option<Vec<(Key, i64)>>>,
+    missing: usize,
+}
+
+impl Parts {
+    /// Adds `part` of `r`; the whole report once every part is in. A part of another report
+    /// (another head or count: the child's report failed since) starts over.
+    fn add(this: &mut Option<Self>, r: &AuditReport, part: Part) -> Option<AuditReport> {
+        let head = without_devs(r);
+        let count = part.count as usize;
+        let p = match this {
+            Some(p) if p.head == head && p.slices.len() == count => p,
+            _ => this.insert(Self {
+                head,
+                slices: vec![None; count],
+                missing: count,
+            }),
+        };
+        let slot = p.slices.get_mut(part.index as usize)?;
+        if slot.is_none() {
+            *slot = Some(r.devs.clone());
+            p.missing -= 1;
+        }
+        if p.missing > 0 {
+            return None;
+        }
+        let p = this.take()?;
+        let mut whole = p.head;
+        whole.devs = p.slices.into_iter().flatten().flatten().collect();
+        Some(whole)
+    }
 }
 
 /// What a node read at a gather.
@@ -94,6 +135,18 @@ impl AuditState {
         self.gathered = None;
         self.over = true;
         self.report = self.wave.map(|_| AuditReport::default());
+    }
+}
+
+/// `r` but for its `devs` (what every part of it carries).
+fn without_devs(r: &AuditReport) -> AuditReport {
+    AuditReport {
+        ok: r.ok,
+        defaults: r.defaults,
+        devs: Vec::new(),
+        incs: r.incs.clone(),
+        members: r.members.clone(),
+        dead: r.dead.clone(),
     }
 }
 
@@ -368,13 +421,19 @@ impl Node {
             return;
         }
         // A reordered older message of this wave does not take a report back.
-        let report = f.report.clone().or_else(|| {
-            self.audit
-                .heard
-                .get(&from)
-                .filter(|h| h.inc == from_inc)
-                .and_then(|h| h.report.clone())
-        });
+        let (mut report, mut parts) = self
+            .audit
+            .heard
+            .remove(&from)
+            .filter(|h| h.inc == from_inc)
+            .map_or((None, None), |h| (h.report, h.parts));
+        match (&f.report, f.part) {
+            // A report we hold whole is not taken apart again by a part resent meanwhile.
+            (Some(r), Some(part)) if report.is_none() => report = Parts::add(&mut parts, r, part),
+            (Some(_), Some(_)) => {}
+            (Some(r), None) => (report, parts) = (Some(r.clone()), None),
+            (None, _) => {}
+        }
         self.audit.heard.insert(
             from,
             Heard {
@@ -383,6 +442,7 @@ impl Node {
                 acked_us: f.ack,
                 solicits: !f.done,
                 report,
+                parts,
             },
         );
         self.audit_complete(now);
@@ -391,8 +451,10 @@ impl Node {
         }
     }
 
-    /// Our field for a message to `to`, if it still needs one.
-    pub(super) fn audit_field(&self, to: NodeId) -> Option<Box<Audit>> {
+    /// Our field for a message to `to`, if it still needs one: our `turn`-th send on the
+    /// link picks which part of a report too large for one datagram goes (every part in
+    /// turn, until the parent has them all).
+    pub(super) fn audit_field(&self, to: NodeId, turn: u64) -> Option<Box<Audit>> {
         let wave = self.audit.wave?;
         let link = self.links.get(&to).filter(|l| l.inc != 0)?;
         let h = self.audit.heard.get(&to).filter(|h| h.inc == link.inc);
@@ -411,16 +473,32 @@ impl Node {
         if accounted && acked && !owed && !h.is_some_and(|h| h.solicits) {
             return None;
         }
+        let mut report = self.audit.report.as_ref().filter(|_| parent);
+        let mut part = None;
+        let cut;
+        if let Some(r) = report.filter(|_| !wave.confirm) {
+            // Half a datagram: the other half is for the keys.
+            let ranges = wire::split_devs(&r.devs, self.cfg.max_message_bytes / 2);
+            if ranges.len() > 1 {
+                let index = (turn % ranges.len() as u64) as usize;
+                cut = AuditReport {
+                    devs: r.devs[ranges[index].clone()].to_vec(),
+                    ..without_devs(r)
+                };
+                report = Some(&cut);
+                part = Some(Part {
+                    index: index as u32,
+                    count: ranges.len() as u32,
+                });
+            }
+        }
         Some(Box::new(Audit {
             wave,
             child: parent,
             ack: accounted,
             done: accounted && acked && !owed,
-            report: if parent {
-                self.audit.report.clone()
-            } else {
-                None
-            },
+            report: report.cloned(),
+            part,
             // The fence goes with the confirm wave, where a node installs it on joining.
             fence: if wave.confirm {
                 self.audit.fence.clone()

@@ -62,7 +62,8 @@ impl Node {
             return None;
         }
         // A sender with other voting members counts other quorums and initial shares: its
-        // leases, votes and gifts mean nothing here (0: a version-12 sender, not stated).
+        // leases, votes and gifts mean nothing here (0: not stated, as no sender of a version
+        // this build reads leaves it).
         if msg.members != 0 && msg.members != self.members_digest {
             self.refused_membership += 1;
             return None;

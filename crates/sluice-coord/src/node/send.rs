@@ -46,6 +46,7 @@ impl Node {
         link.last_sent = sent_at;
         let sent = &mut link.delta;
         sent.sends = sent.sends.wrapping_add(1);
+        let sends = sent.sends;
         let send_dead = sent.dead_sent != dead_version || sent.sends.is_multiple_of(16);
         sent.dead_sent = dead_version;
         let refresh = sent
@@ -159,7 +160,7 @@ impl Node {
         if send_dead {
             message.dead = self.dead_list();
         }
-        message.audit = self.audit_field(to);
+        message.audit = self.audit_field(to, u64::from(sends));
         // One datagram at most, and no more than the link's budget: what is left out goes
         // next time (it is still due).
         let head = wire::encoded_len(&message) + delta::COUNT_SLACK;
