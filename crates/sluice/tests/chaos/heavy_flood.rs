@@ -155,3 +155,113 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
         "{name}: RSS {rss_most:?} above {bound} bytes"
     );
 }
+
+/// A node crashes while 12,000 tenants each send steady traffic to one node, above that
+/// node's split of the tenant's limit, so every tenant's shares have moved: the survivors
+/// fold their links with the dead node, every tenant's base moves, and the capacity audit's
+/// gather report lists about 8,000 keys, more than a datagram holds (it goes in parts:
+/// docs/PROTOCOL.md "The capacity audit"). The audit must complete and mint what the
+/// dead node held of every key: the busy key is back at the demand left (90 % of it) within
+/// three leases of the crash, as after a crash without a flood, and no 1 s window admits
+/// more than `L + burst`.
+#[test]
+fn a_crash_among_thousands_of_busy_tenants_recovers() {
+    let _one = serial();
+    let name = "crash-with-many-tenants";
+    // Each tenant: 60/minute, asked 25/minute at one node (its split there is 20).
+    let (tenants, secs) = (12_000u64, 5);
+    let per_node = tenants as f64 * 25.0 / 60.0 / 3.0;
+    let yaml = format!(
+        "{}  - key: remote_address\n    rate_limit:\n      unit: minute\n      \
+         requests_per_unit: 60\n      algorithm: gcra\n      burst: 5\n      \
+         coordination: cluster\n",
+        harness::rule_yaml()
+    );
+    let mut c = Cluster::with_args(
+        name,
+        3,
+        Start::StateFile,
+        &yaml,
+        &[],
+        &["--max-cluster-keys", "20000"],
+    );
+    let busy = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    let conns = 4;
+    let rates: Vec<_> = (0..3).map(|i| (i, c.addr(i), per_node)).collect();
+    // Request `n` goes to node and connection `n % stride` (see `heavy_flood`): tenant
+    // `n % tenants`, a multiple of `stride`, is always asked at the same node.
+    let stride = (rates.len() * conns) as u64;
+    assert_eq!(tenants % stride, 0);
+    let flood = Load::start_with(&rates, conns, move |n| {
+        let k = n % tenants;
+        format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
+            (k >> 16) & 255,
+            (k >> 8) & 255,
+            k & 255
+        )
+    });
+    std::thread::sleep(SEC * secs);
+    let keys_held: Vec<u64> = (0..3)
+        .map(|i| {
+            c.status(i)
+                .and_then(|s| s["coordinated_keys"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect();
+    let rounds_before = c
+        .status(0)
+        .and_then(|s| s["audit_rounds"].as_u64())
+        .unwrap_or(0);
+    // While the tenants' traffic goes on: their links with the victim hold capacity.
+    let victim = 2;
+    c.kill(victim);
+    let crashed = busy.elapsed();
+    std::thread::sleep(2 * SEC);
+    let flooded = flood.finish();
+    std::thread::sleep(6 * SEC);
+    let rounds_after = c
+        .status(0)
+        .and_then(|s| s["audit_rounds"].as_u64())
+        .unwrap_or(0);
+    let shares = c.total_share();
+    let statuses = c.statuses();
+    // Messages too large for a datagram, which the daemon drops (and counts).
+    let oversized: u64 = (0..2)
+        .filter_map(|i| c.status(i).and_then(|s| s["peer"]["oversized"].as_u64()))
+        .sum();
+    let r = busy.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    let bound = Duration::from_millis(LEASE_MS * 3);
+    let floor = floor_without(&[0.5, 0.3, 0.2], victim);
+    let back = r.recovered_at(crashed, r.end, floor);
+    report(
+        name,
+        &[
+            ("tenant_requests", flooded.answers.len().to_string()),
+            ("coordinated_keys_at_crash", format!("{keys_held:?}")),
+            ("max_1s_window", most.to_string()),
+            (
+                "recovered_after_crash",
+                format!("{:?}", back.map(|b| b.saturating_sub(crashed))),
+            ),
+            ("audit_rounds", format!("{rounds_before} -> {rounds_after}")),
+            ("oversized_messages", oversized.to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        keys_held[0] >= 5_000,
+        "{name}: only {keys_held:?} keys coordinated: the report would fit in one datagram"
+    );
+    assert_eq!(
+        oversized, 0,
+        "{name}: {oversized} messages did not fit in a datagram"
+    );
+    assert!(
+        back.is_some_and(|b| b <= crashed + bound),
+        "{name}: not back at {floor}/s within {bound:?} of the crash; status:\n{statuses}"
+    );
+    assert_whole(name, shares, "both survivors answer");
+}
