@@ -730,6 +730,24 @@ impl Record {
         best
     }
 
+    /// What was sent in the `width` from `from`, and of it what was admitted and refused
+    /// (per node): tells a dip the nodes made (refusals) from one the client made (fewer
+    /// sent).
+    pub(crate) fn sent_in(&self, from: Duration, width: Duration) -> String {
+        let inside: Vec<&Answer> = self
+            .answers
+            .iter()
+            .filter(|a| a.sent >= from && a.sent < from + width)
+            .collect();
+        let nodes = inside.iter().map(|a| a.node + 1).max().unwrap_or(0);
+        let mut refused = vec![0u64; nodes];
+        for a in inside.iter().filter(|a| !a.ok) {
+            refused[a.node] += 1;
+        }
+        let ok = inside.iter().filter(|a| a.ok).count();
+        format!("sent {} admitted {ok} refused {refused:?}", inside.len())
+    }
+
     /// Admitted within `[from, to)`.
     pub(crate) fn admitted_in(&self, from: Duration, to: Duration) -> u64 {
         self.answers

@@ -104,6 +104,7 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
             ("keys_over_cap", format!("{over_cap:?}")),
             ("refusals", refused.to_string()),
             ("busy_least_1s_during", least_during.to_string()),
+            ("least_window", r.sent_in(at, SEC)),
             ("busy_least_1s_after", least_after.to_string()),
             ("busy_max_1s", most_admitted.to_string()),
             ("udp_drops", drops.to_string()),
