@@ -446,6 +446,8 @@ pub struct Node {
     evicted: u64,
     /// Keys given state over the cap because an entry for them held capacity (`cap`).
     over_cap: u64,
+    /// Dead floors heard for our own id above our incarnation (`quorum`).
+    id_conflicts: u64,
 }
 
 /// The usable neighbours worked out at `at`, valid for any `now` in `[at, until]` unless a
@@ -527,6 +529,7 @@ impl Node {
             refused: 0,
             evicted: 0,
             over_cap: 0,
+            id_conflicts: 0,
             cfg,
         };
         node.own_past_is_dead(now);

@@ -135,6 +135,9 @@ pub enum Step {
     /// Restart a crashed node as a much later incarnation that does not know the one it
     /// follows (a daemon without a state file: its incarnation comes from the clock).
     RestartFromClock(NodeId),
+    /// Restart a crashed node as this incarnation, whatever it held before (an operator's
+    /// mistake when below: a state file added after starts from the clock).
+    RestartAs(NodeId, u64),
     /// Cut these nodes off from the others.
     Partition(Vec<NodeId>),
     /// Remove every partition.
@@ -388,15 +391,18 @@ impl Cluster {
                 }
                 self.flights.retain(|f| f.to != id);
             }
-            Step::Restart(id) | Step::RestartFromClock(id) => {
+            Step::Restart(id) | Step::RestartFromClock(id) | Step::RestartAs(id, _) => {
                 let local = self.local(id);
-                let from_clock = matches!(step, Step::RestartFromClock(_));
                 if let Some(s) = self.slots.get_mut(&id)
                     && s.node.is_none()
                 {
                     // A restart that persisted its incarnation takes the next one; one from
                     // the clock jumps far ahead.
-                    s.incarnation += if from_clock { 1_000_000 } else { 1 };
+                    s.incarnation = match step {
+                        Step::RestartAs(_, inc) => inc,
+                        Step::RestartFromClock(_) => s.incarnation + 1_000_000,
+                        _ => s.incarnation + 1,
+                    };
                     let mut cfg = s.cfg.clone();
                     cfg.incarnation = s.incarnation;
                     s.node = Node::new(cfg, local).ok();

@@ -278,6 +278,8 @@ struct Driven {
     persisted: u64,
     /// The incarnation last logged (a start-again is logged once).
     logged_incarnation: u64,
+    /// Id conflicts last logged (`Node::id_conflicts`).
+    logged_conflicts: u64,
     /// Some incarnation of this process held a lease (a joiner adopts voters only before).
     ever_leased: bool,
     /// Ticks so far (the directory goes every [`join::DIRECTORY_EVERY`]).
@@ -391,6 +393,7 @@ impl<T: Transport> Cluster<T> {
                 expiry: None,
                 persisted: spec.incarnation,
                 logged_incarnation: spec.incarnation.max(1),
+                logged_conflicts: 0,
                 ever_leased: false,
                 ticks: 0,
                 warned: BTreeSet::new(),
@@ -762,6 +765,16 @@ impl<T: Transport> Cluster<T> {
         self.shares
             .set_lease_until(node.lease_until().map(|end| end.saturating_sub(self.guard)));
         let inc = node.incarnation();
+        if node.id_conflicts() > d.logged_conflicts {
+            tracing::error!(
+                node = self.me,
+                incarnation = inc,
+                "a peer knows an incarnation of this node's id above this one: another process \
+                 runs with this --node-id, or the incarnation went backwards (a --state-file \
+                 added after starts without one, or a low --incarnation); started again above it"
+            );
+            d.logged_conflicts = node.id_conflicts();
+        }
         if inc > d.logged_incarnation {
             // Fenced while cut off, or two leases without a lease: the node starts again
             // holding its reservation (docs/PROTOCOL.md, "Starting again").

@@ -59,6 +59,10 @@ pub struct ClusterStatus {
     /// (summed over the rounds): capacity that failures had lost for good. Non-zero only at
     /// the root, and only after overlapping failures.
     pub audit_minted_share: f64,
+    /// Dead floors for this node's own id above its incarnation that it heard (and started
+    /// again above): another process runs with this node's id, or its incarnation went
+    /// backwards (a state file added after starts from the clock). Should stay 0.
+    pub incarnation_conflicts: u64,
     /// Keys with coordinated state and their cap (JSON: fields of this object).
     #[serde(flatten)]
     pub cap: KeyCap,
@@ -145,6 +149,7 @@ impl ClusterStatus {
             pending_votes: Vec::new(),
             audit_rounds: 0,
             audit_minted_share: 0.0,
+            incarnation_conflicts: 0,
             cap: KeyCap::default(),
             peer: PeerCounters::default(),
             membership: MembershipStatus::default(),

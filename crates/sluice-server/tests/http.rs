@@ -709,6 +709,7 @@ fn clustered() -> ClusterStatus {
     s.peers_unresolved = 1;
     s.peer.unaddressed = 3;
     s.audit_rounds = 4;
+    s.incarnation_conflicts = 2;
     s.audit_minted_share = 0.125;
     s
 }
@@ -805,6 +806,10 @@ async fn health_readiness_and_cluster_status() {
         );
         // The capacity audits this node ran as their root, and what they minted again.
         assert_eq!(m.get("sluice_cluster_audit_rounds_total", &[]), Some(4.0));
+        assert_eq!(
+            m.get("sluice_cluster_incarnation_conflicts_total", &[]),
+            Some(2.0)
+        );
         assert_eq!(m.get("sluice_cluster_audit_minted_share", &[]), Some(0.125));
         fake.0.lock().unwrap().lease = "expired".into();
         let r = s.get("/readyz").await;

@@ -242,6 +242,14 @@ impl Node {
         }
         if node == self.cfg.id {
             if inc >= self.inc {
+                // A floor above our incarnation: an incarnation of our id above ours ran, so
+                // A1 or A3 does not hold (two processes with one id, or ours went backwards:
+                // a state file added after starts from the clock). Start again above it, or
+                // every peer would ignore us for ever; counted for the operator.
+                if inc > self.inc {
+                    self.id_conflicts += 1;
+                    self.inc = inc;
+                }
                 self.reincarnate(now);
             }
             return true;
@@ -317,6 +325,14 @@ impl Node {
     /// Our dead floors.
     pub(super) fn dead_list(&self) -> Vec<(NodeId, u64)> {
         self.dead.iter().map(|(&n, &v)| (n, v)).collect()
+    }
+
+    /// Dead floors for our own id above our incarnation we heard (and started again above):
+    /// another process runs with our id, or our incarnation went backwards (docs/PROTOCOL.md,
+    /// "Assumptions").
+    #[must_use]
+    pub fn id_conflicts(&self) -> u64 {
+        self.id_conflicts
     }
 
     /// The dead floors (incarnations up to the value of the node are dead or fenced).

@@ -113,6 +113,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 .collect(),
             audit_rounds: node.audit_stats().0,
             audit_minted_share: node.audit_stats().1 as f64 / SCALE as f64,
+            incarnation_conflicts: node.id_conflicts(),
             cap: crate::status::KeyCap::of(node),
             peer: PeerCounters {
                 messages_sent: c.messages_sent.load(Ordering::Relaxed),

@@ -506,6 +506,80 @@ fn a_cluster_without_state_files_starts_and_restarts_safely() {
     assert_whole(name, shares, "every node answers");
 }
 
+/// An operator adds `--state-file` to a node that ran without one: its new file starts it at
+/// incarnation 1, below the clock incarnation its peers fenced (A3 broken). The node must hear
+/// their dead floor above it, start again above that (counted in `incarnation_conflicts`),
+/// get a lease, and serve its clients again within three leases of its start; no 1 s window
+/// over `L + burst`. (It used to creep up one incarnation per two leases, ignored by every
+/// peer: its clients refused for good.)
+#[test]
+fn a_state_file_added_later_is_heard_again() {
+    let _one = serial();
+    let name = "state-file-added";
+    let mut c = Cluster::new(name, 3, Start::Plain);
+    let clock_inc = c.incarnation(2).unwrap();
+    let load = Load::start(&skewed(&c), 4, "acme");
+    std::thread::sleep(3 * SEC);
+    c.kill(2);
+    // Fenced by the others: lease·(1+ρ)² and a few cycles.
+    std::thread::sleep(2 * SEC);
+    let file = c.dir.join("node2.added.incarnation");
+    c.set_args(2, &["--state-file", file.to_str().unwrap()]);
+    c.start(2);
+    c.wait_healthy(2);
+    let restarted = load.elapsed();
+    std::thread::sleep(5 * SEC);
+    let status = c.status(2).unwrap();
+    let inc_after = status["incarnation"].as_u64().unwrap_or(0);
+    let conflicts = status["incarnation_conflicts"].as_u64().unwrap_or(0);
+    let lease = status["lease"].as_str().unwrap_or("").to_owned();
+    let recorded: u64 = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let shares = c.total_share();
+    let r = load.finish();
+    let most = assert_no_overshoot(name, &r, 3);
+    // Node 2's own clients (0.2 · 1.6 L = 320/s, below its max-min share): served again.
+    let bound = Duration::from_millis(LEASE_MS * 3);
+    let node2 = |from: Duration, to: Duration| {
+        r.answers
+            .iter()
+            .filter(|a| a.node == 2 && a.ok && a.at >= from && a.at < to)
+            .count()
+    };
+    let served_last_2s = node2(restarted + 3 * SEC, restarted + 5 * SEC);
+    report(
+        name,
+        &[
+            ("incarnations", format!("{clock_inc} -> 1 -> {inc_after}")),
+            ("recorded_in_state_file", recorded.to_string()),
+            ("incarnation_conflicts", conflicts.to_string()),
+            ("lease", lease.clone()),
+            ("node_2_admitted_last_2s", served_last_2s.to_string()),
+            ("max_1s_window", most.to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        inc_after > clock_inc,
+        "{name}: incarnations {clock_inc} -> {inc_after}"
+    );
+    assert_eq!(
+        recorded, inc_after,
+        "{name}: the state file records the new incarnation"
+    );
+    assert_eq!(conflicts, 1, "{name}: counted");
+    assert_eq!(lease, "valid", "{name}: node 2 holds a lease");
+    assert!(
+        served_last_2s >= 500,
+        "{name}: node 2 admitted {served_last_2s} of its clients' 640 in the 2 s from \
+         {:?} (bound {bound:?} after its start)",
+        restarted + 3 * SEC
+    );
+    assert_whole(name, shares, "every node answers");
+}
+
 /// A busy tenant key next to a flood of new `remote_address` keys (a new key at every
 /// request, 3,000/s across the cluster) on a per-address cluster rule. The busy key must keep
 /// its fair admission (its demand is above the limit: the whole limit) during and after the
