@@ -159,3 +159,88 @@ fn scale_out_to_seven_and_back_in_to_three() {
         &outside[..outside.len().min(20)]
     );
 }
+
+/// A join, a leave and a crash at the same time, on real processes: three voters and two
+/// joiners under skewed demand (0.3, 0.1, 0.05 L and 0.1 L each); then at once a third
+/// joiner starts (found through a seed), one joiner leaves by SIGTERM and the other is
+/// killed (kill -9), their clients gone first. No 1 s window over `L + burst`; the newcomer
+/// refuses nothing after `lease + 3 cycles`; with demand under 90 % of `L` nothing else is
+/// refused after the first second; and once the crashed joiner is fenced and audited the
+/// live nodes' shares add up to exactly `L`.
+#[test]
+fn a_join_a_leave_and_a_crash_at_once() {
+    let _one = serial();
+    let name = "join-leave-crash";
+    let mut c = Cluster::new(name, 3, Start::Plain);
+    for i in 0..3 {
+        c.wait_ready(i);
+    }
+    let origin = Instant::now();
+    let mut loads = vec![
+        load(origin, &c, 0, 0.3 * LIMIT as f64),
+        load(origin, &c, 1, 0.1 * LIMIT as f64),
+        load(origin, &c, 2, 0.05 * LIMIT as f64),
+    ];
+    let crashing = c.add_joiner(Find::Seed(0));
+    let crashing_load = load(origin, &c, crashing, 0.1 * LIMIT as f64);
+    let leaving = c.add_joiner(Find::Seed(1));
+    let leaving_load = load(origin, &c, leaving, 0.1 * LIMIT as f64);
+    std::thread::sleep(4 * SEC);
+    // At once: the newcomer starts, the leaver gets SIGTERM, the crashing one kill -9.
+    let gone = [crashing_load.finish(), leaving_load.finish()];
+    let at = origin.elapsed();
+    let newcomer = c.add_joiner(Find::Seed(2));
+    loads.push(load(origin, &c, newcomer, 0.1 * LIMIT as f64));
+    c.terminate(leaving);
+    c.kill(crashing);
+    // Fenced after lease·(1+ρ)², then audited: well within four seconds.
+    std::thread::sleep(4 * SEC);
+    let shares = c.total_share();
+    let statuses = c.statuses();
+    std::thread::sleep(SEC);
+    let r = loads
+        .into_iter()
+        .map(Load::finish)
+        .chain(gone)
+        .reduce(Record::merge)
+        .expect("loads");
+    let most = assert_no_overshoot(name, &r, 6);
+    let newcomer_late = refused(&r, Some(newcomer), at + bound(), r.end);
+    let others_late: Vec<Duration> = [0, 1, 2]
+        .iter()
+        .flat_map(|&i| refused(&r, Some(i), at + SEC, r.end))
+        .collect();
+    let before = refused(&r, None, Duration::from_secs(1), at);
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            ("bound", (LIMIT + BURST + 6).to_string()),
+            ("refused_before_the_changes", before.len().to_string()),
+            (
+                "newcomer_refused_after_bound",
+                newcomer_late.len().to_string(),
+            ),
+            ("voters_refused_after_1s", others_late.len().to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        newcomer_late.is_empty(),
+        "{name}: the newcomer refused {} requests more than {:?} after it started: {:?}",
+        newcomer_late.len(),
+        bound(),
+        &newcomer_late[..newcomer_late.len().min(10)]
+    );
+    assert!(
+        others_late.is_empty(),
+        "{name}: the voters refused {} requests more than 1 s after the changes: {:?}\n{statuses}",
+        others_late.len(),
+        &others_late[..others_late.len().min(10)]
+    );
+    let s = shares.unwrap_or_else(|| panic!("{name}: a live node did not answer"));
+    assert!(
+        (0.999..=1.0 + 1e-9).contains(&s),
+        "{name}: the live nodes' shares add up to {s} L\n{statuses}"
+    );
+}
