@@ -237,6 +237,11 @@ impl Server {
     }
 
     async fn call(&self, method: Method, body: &Value) -> (StatusCode, String) {
+        self.call_text(method, body.to_string()).await
+    }
+
+    /// [`Server::call`] with the body as written (JSON that `Value` cannot hold).
+    async fn call_text(&self, method: Method, body: String) -> (StatusCode, String) {
         let stream = TcpStream::connect(self.addr).await.unwrap();
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -246,7 +251,7 @@ impl Server {
             .method(method)
             .uri("/v1/lease")
             .header(http::header::HOST, "localhost")
-            .body(Full::new(Bytes::from(body.to_string())))
+            .body(Full::new(Bytes::from(body)))
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
         let status = response.status();
@@ -389,6 +394,14 @@ async fn http_lease_answers_for_every_kind_of_rule_and_refuses_bad_requests() {
             let (status, reason) = s.call(Method::POST, &request).await;
             assert_eq!(status, expected, "{request} → {reason}");
             assert!(!reason.trim().is_empty());
+        }
+        // Numbers beyond f64 (an infinite `wants` once parsed) and NaN-like text: refused.
+        for wants in ["1e400", "-1e400", "NaN", "Infinity"] {
+            let request = format!(
+                r#"{{"domain": "api", "descriptor": {{"entries": [{{"key": "tenant", "value": "x"}}]}}, "client_id": "c", "wants": {wants}}}"#
+            );
+            let (status, reason) = s.call_text(Method::POST, request).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "wants {wants} → {reason}");
         }
         s.stop().await;
     })

@@ -634,7 +634,12 @@ fn a_settings_file_peer_addr_is_used() {
 #[test]
 fn logs_are_plain_off_a_terminal_and_json_when_asked() {
     use std::io::BufRead as _;
-    for json in [false, true] {
+    // Plain; JSON by the flag; JSON by upstream's environment variable.
+    for (json, flag, env) in [
+        (false, false, false),
+        (true, true, false),
+        (true, false, true),
+    ] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.args([
             "serve",
@@ -647,7 +652,10 @@ fn logs_are_plain_off_a_terminal_and_json_when_asked() {
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-        if json {
+        if flag {
+            cmd.args(["--log-format", "json"]);
+        }
+        if env {
             cmd.env("LOG_FORMAT", "json");
         }
         let mut child = cmd.spawn().unwrap();
