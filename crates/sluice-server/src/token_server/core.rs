@@ -362,13 +362,16 @@ mod tests {
     }
 
     /// What happens to the servers in a run.
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Default, Debug)]
     struct Faults {
         /// Server 0 is frozen (answers nothing, asks nothing) in `[from, to)`.
         freeze: Option<(Nanos, Nanos)>,
         /// Servers 0 and 1 cannot reach each other in `[from, to)` (both reach 2; every
         /// client reaches every server).
         cut: Option<(Nanos, Nanos)>,
+        /// More freezes `(server, from, to)`, and cuts `(a, b, from, to)` between two servers.
+        freezes: Vec<(usize, Nanos, Nanos)>,
+        cuts: Vec<(usize, usize, Nanos, Nanos)>,
     }
 
     /// What a run leaves.
@@ -422,9 +425,18 @@ mod tests {
         let mut t: Nanos = 0;
         while t < secs * S {
             t += MS;
-            let frozen = |i: usize| i == 0 && within(faults.freeze, t);
+            let frozen = |i: usize| {
+                i == 0 && within(faults.freeze, t)
+                    || faults
+                        .freezes
+                        .iter()
+                        .any(|&(s, from, to)| s == i && from <= t && t < to)
+            };
             let reach = |a: usize, b: usize| {
-                !(frozen(a) || frozen(b) || within(faults.cut, t) && a + b == 1)
+                let cut = faults.cuts.iter().any(|&(x, y, from, to)| {
+                    ((x, y) == (a, b) || (x, y) == (b, a)) && from <= t && t < to
+                });
+                !(frozen(a) || frozen(b) || cut || within(faults.cut, t) && a + b == 1)
             };
             // Rounds: every server's clock ticks its own 100 ms.
             if t.is_multiple_of(lease.renew_every) {
@@ -530,6 +542,7 @@ mod tests {
             Faults {
                 freeze: None,
                 cut: None,
+                ..Faults::default()
             },
             3,
         );
@@ -552,6 +565,7 @@ mod tests {
             Faults {
                 freeze: Some((2 * S + 200 * MS, 5 * S + 600 * MS)),
                 cut: None,
+                ..Faults::default()
             },
             8,
         );
@@ -582,6 +596,7 @@ mod tests {
                     Faults {
                         freeze: Some((from, to)),
                         cut: None,
+                        ..Faults::default()
                     },
                     S,
                     MS,
@@ -612,6 +627,7 @@ mod tests {
                 Faults {
                     freeze: None,
                     cut: Some((from, to)),
+                    ..Faults::default()
                 },
                 to / S + 3,
             );
@@ -628,6 +644,7 @@ mod tests {
             Faults {
                 freeze: None,
                 cut: Some((2 * S + 300 * MS, 5 * S + 300 * MS)),
+                ..Faults::default()
             },
             7,
         );
@@ -648,6 +665,7 @@ mod tests {
             Faults {
                 freeze: Some((11 * S + 200 * MS, 15 * S + 200 * MS)),
                 cut: None,
+                ..Faults::default()
             },
             period,
             10 * MS,
@@ -754,5 +772,38 @@ mod tests {
         assert!(s.admit(7, 100 * S - 5, now).is_ok());
         assert!(s.admit(7, 100 * S - 5, now).is_err());
         assert_eq!(s.status(now, 0).refused.replays, 1);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 12,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Random schedules of freezes (any server, 0.2–5 s) and cuts (any two servers,
+        /// 0.2–5 s), overlapping or not, on the simulated clock with drifting clocks: at most
+        /// one server holds the serving lease at any instant (`run_with` asserts it at every
+        /// step) and no window admits more than the limit from leases.
+        #[test]
+        fn random_freezes_and_cuts_never_let_a_window_pass_the_limit(
+            freezes in proptest::collection::vec((0usize..3, 500u64..7_000, 200u64..5_000), 0..3),
+            cuts in proptest::collection::vec(((0usize..3, 1usize..3), 500u64..7_000, 200u64..5_000), 0..3),
+        ) {
+            let faults = Faults {
+                freezes: freezes
+                    .iter()
+                    .map(|&(s, at, len)| (s, at * MS, (at + len) * MS))
+                    .collect(),
+                cuts: cuts
+                    .iter()
+                    .map(|&((a, d), at, len)| (a, (a + d) % 3, at * MS, (at + len) * MS))
+                    .collect(),
+                ..Faults::default()
+            };
+            let r = run_with(faults.clone(), S, MS, 14);
+            for (w, n) in &r.admitted {
+                proptest::prop_assert!(*n <= L, "window {}: {} admitted, {:?}", w, n, faults);
+            }
+        }
     }
 }
