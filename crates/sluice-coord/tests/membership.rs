@@ -53,6 +53,17 @@ fn join(c: &mut Cluster, id: NodeId, demand: f64) {
     }
 }
 
+/// [`voters`] and joiners 10 and 11 asking 0.3 L each, settled with a share each.
+fn voters_and_two_joiners() -> Cluster {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    join(&mut c, 11, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    assert!(c.node(11).unwrap().own(KEY) > 0);
+    assert!(c.node(10).unwrap().own(KEY) > 0);
+    c
+}
+
 fn leased(c: &Cluster, id: NodeId) -> bool {
     c.node(id).unwrap().lease_state(c.now()) != LeaseState::Expired
 }
@@ -129,11 +140,7 @@ fn a_fenced_joiner_that_comes_back_joins_again() {
 
 #[test]
 fn a_joiner_that_leaves_hands_its_share_back() {
-    let mut c = voters();
-    join(&mut c, 10, 0.3 * LIMIT as f64);
-    join(&mut c, 11, 0.3 * LIMIT as f64);
-    c.apply(Step::Run(30));
-    assert!(c.node(11).unwrap().own(KEY) > 0);
+    let mut c = voters_and_two_joiners();
     c.apply(Step::Leave(11));
     c.apply(Step::Run(20));
     assert_eq!(c.node(11).unwrap().own(KEY), 0);
@@ -153,11 +160,7 @@ fn a_joiner_that_leaves_hands_its_share_back() {
 #[test]
 fn a_join_a_leave_and_a_crash_at_once_end_at_exactly_l() {
     for crashed in [10, 2] {
-        let mut c = voters();
-        join(&mut c, 10, 0.3 * LIMIT as f64);
-        join(&mut c, 11, 0.3 * LIMIT as f64);
-        c.apply(Step::Run(30));
-        assert!(c.node(11).unwrap().own(KEY) > 0);
+        let mut c = voters_and_two_joiners();
         c.apply(Step::Leave(11));
         c.apply(Step::Crash(crashed));
         join(&mut c, 12, 0.3 * LIMIT as f64);

@@ -20,6 +20,22 @@ fn load(origin: Instant, c: &Cluster, id: usize, rate: f64) -> Load {
     Load::start_from(origin, &[(id, c.addr(id), rate)], 1, move |_| body.clone())
 }
 
+/// Three voters, ready, under skewed demand (0.3, 0.1 and 0.05 L), timed from the returned
+/// origin.
+fn voters_under_load(name: &str) -> (Cluster, Instant, Vec<Load>) {
+    let c = Cluster::new(name, 3, Start::Plain);
+    for i in 0..3 {
+        c.wait_ready(i);
+    }
+    let origin = Instant::now();
+    let loads = vec![
+        load(origin, &c, 0, 0.3 * LIMIT as f64),
+        load(origin, &c, 1, 0.1 * LIMIT as f64),
+        load(origin, &c, 2, 0.05 * LIMIT as f64),
+    ];
+    (c, origin, loads)
+}
+
 /// Refused answers within `[from, to)`, at node `node` if given.
 fn refused(r: &Record, node: Option<usize>, from: Duration, to: Duration) -> Vec<Duration> {
     r.answers
@@ -40,16 +56,7 @@ fn refused(r: &Record, node: Option<usize>, from: Duration, to: Duration) -> Vec
 fn scale_out_to_seven_and_back_in_to_three() {
     let _one = serial();
     let name = "scale-3-7-3";
-    let mut c = Cluster::new(name, 3, Start::Plain);
-    for i in 0..3 {
-        c.wait_ready(i);
-    }
-    let origin = Instant::now();
-    let mut loads = vec![
-        load(origin, &c, 0, 0.3 * LIMIT as f64),
-        load(origin, &c, 1, 0.1 * LIMIT as f64),
-        load(origin, &c, 2, 0.05 * LIMIT as f64),
-    ];
+    let (mut c, origin, mut loads) = voters_under_load(name);
     std::thread::sleep(2 * SEC);
     let steady = origin.elapsed();
     // Each change: when it happened, and Σ shares `lease + 3 cycles` later.
@@ -171,16 +178,7 @@ fn scale_out_to_seven_and_back_in_to_three() {
 fn a_join_a_leave_and_a_crash_at_once() {
     let _one = serial();
     let name = "join-leave-crash";
-    let mut c = Cluster::new(name, 3, Start::Plain);
-    for i in 0..3 {
-        c.wait_ready(i);
-    }
-    let origin = Instant::now();
-    let mut loads = vec![
-        load(origin, &c, 0, 0.3 * LIMIT as f64),
-        load(origin, &c, 1, 0.1 * LIMIT as f64),
-        load(origin, &c, 2, 0.05 * LIMIT as f64),
-    ];
+    let (mut c, origin, mut loads) = voters_under_load(name);
     let crashing = c.add_joiner(Find::Seed(0));
     let crashing_load = load(origin, &c, crashing, 0.1 * LIMIT as f64);
     let leaving = c.add_joiner(Find::Seed(1));

@@ -435,6 +435,14 @@ impl Cluster {
             .or_else(|| v["default_share"].as_f64())
     }
 
+    /// A number of node `id`'s `/v1/cluster` at `path` (`["peer", "oversized"]`); 0 when it
+    /// does not answer or has no such number.
+    pub(crate) fn status_u64(&self, id: usize, path: &[&str]) -> u64 {
+        self.status(id)
+            .and_then(|s| path.iter().try_fold(s, |v, k| v.get(*k).cloned())?.as_u64())
+            .unwrap_or(0)
+    }
+
     pub(crate) fn incarnation(&self, id: usize) -> Option<u64> {
         self.status(id)?["incarnation"].as_u64()
     }
@@ -507,6 +515,26 @@ pub(crate) fn rule_yaml() -> String {
 pub(crate) fn body(tenant: &str) -> String {
     format!(
         r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}]}}]}}"#
+    )
+}
+
+/// [`rule_yaml`] and a per-`remote_address` cluster rule of `per_unit` per `unit`, burst 5.
+pub(crate) fn address_rule_yaml(unit: &str, per_unit: u64) -> String {
+    format!(
+        "{}  - key: remote_address\n    rate_limit:\n      unit: {unit}\n      \
+         requests_per_unit: {per_unit}\n      algorithm: gcra\n      burst: 5\n      \
+         coordination: cluster\n",
+        rule_yaml()
+    )
+}
+
+/// A request for `remote_address` number `k` (`10.x.y.z`).
+pub(crate) fn address_body(k: u64) -> String {
+    format!(
+        r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
+        (k >> 16) & 255,
+        (k >> 8) & 255,
+        k & 255
     )
 }
 

@@ -22,12 +22,7 @@ fn a_heavy_key_flood_is_capped_and_paced() {
 
 fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
     let _one = serial();
-    let yaml = format!(
-        "{}  - key: remote_address\n    rate_limit:\n      unit: second\n      \
-         requests_per_unit: 20\n      algorithm: gcra\n      burst: 5\n      \
-         coordination: cluster\n",
-        harness::rule_yaml()
-    );
+    let yaml = harness::address_rule_yaml("second", 20);
     let cap_arg = cap.to_string();
     let c = Cluster::with_args(
         name,
@@ -50,12 +45,7 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
     let stride = (rates.len() * conns) as u64;
     let flood = Load::start_with(&rates, conns, move |n| {
         let k = n / stride / 3 * stride + n % stride;
-        format!(
-            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
-            (k >> 16) & 255,
-            (k >> 8) & 255,
-            k & 255
-        )
+        harness::address_body(k)
     });
     // Every second: the keys with state at each node (above the cap only by keys it had to
     // take because an entry held capacity) and its RSS.
@@ -64,10 +54,7 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
     for _ in 0..secs {
         std::thread::sleep(SEC);
         for (i, most_rss) in rss_most.iter_mut().enumerate() {
-            let keys = c
-                .status(i)
-                .and_then(|s| s["coordinated_keys"].as_u64())
-                .unwrap_or(0) as usize;
+            let keys = c.status_u64(i, &["coordinated_keys"]) as usize;
             most_keys[i] = most_keys[i].max(keys);
             *most_rss = (*most_rss).max(c.rss(i).unwrap_or(0));
         }
@@ -80,7 +67,7 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
         .filter_map(|i| harness::udp_drops(c.peer_port(i)))
         .sum();
     let incs_after: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
-    let counter = |i: usize, name: &str| c.status(i).and_then(|s| s[name].as_u64()).unwrap_or(0);
+    let counter = |i: usize, name: &str| c.status_u64(i, &[name]);
     let refused: u64 = (0..3).map(|i| counter(i, "keys_refused")).sum();
     let over_cap: Vec<u64> = (0..3).map(|i| counter(i, "keys_over_cap")).collect();
     let keys = flooded.answers.len() / 3;
@@ -172,12 +159,7 @@ fn a_crash_among_thousands_of_busy_tenants_recovers() {
     // Each tenant: 60/minute, asked 25/minute at one node (its split there is 20).
     let (tenants, secs) = (12_000u64, 5);
     let per_node = tenants as f64 * 25.0 / 60.0 / 3.0;
-    let yaml = format!(
-        "{}  - key: remote_address\n    rate_limit:\n      unit: minute\n      \
-         requests_per_unit: 60\n      algorithm: gcra\n      burst: 5\n      \
-         coordination: cluster\n",
-        harness::rule_yaml()
-    );
+    let yaml = harness::address_rule_yaml("minute", 60);
     let mut c = Cluster::with_args(
         name,
         3,
@@ -196,25 +178,13 @@ fn a_crash_among_thousands_of_busy_tenants_recovers() {
     assert_eq!(tenants % stride, 0);
     let flood = Load::start_with(&rates, conns, move |n| {
         let k = n % tenants;
-        format!(
-            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
-            (k >> 16) & 255,
-            (k >> 8) & 255,
-            k & 255
-        )
+        harness::address_body(k)
     });
     std::thread::sleep(SEC * secs);
     let keys_held: Vec<u64> = (0..3)
-        .map(|i| {
-            c.status(i)
-                .and_then(|s| s["coordinated_keys"].as_u64())
-                .unwrap_or(0)
-        })
+        .map(|i| c.status_u64(i, &["coordinated_keys"]))
         .collect();
-    let rounds_before = c
-        .status(0)
-        .and_then(|s| s["audit_rounds"].as_u64())
-        .unwrap_or(0);
+    let rounds_before = c.status_u64(0, &["audit_rounds"]);
     // While the tenants' traffic goes on: their links with the victim hold capacity.
     let victim = 2;
     c.kill(victim);
@@ -222,15 +192,12 @@ fn a_crash_among_thousands_of_busy_tenants_recovers() {
     std::thread::sleep(2 * SEC);
     let flooded = flood.finish();
     std::thread::sleep(6 * SEC);
-    let rounds_after = c
-        .status(0)
-        .and_then(|s| s["audit_rounds"].as_u64())
-        .unwrap_or(0);
+    let rounds_after = c.status_u64(0, &["audit_rounds"]);
     let shares = c.total_share();
     let statuses = c.statuses();
     // Messages too large for a datagram, which the daemon drops (and counts).
     let oversized: u64 = (0..2)
-        .filter_map(|i| c.status(i).and_then(|s| s["peer"]["oversized"].as_u64()))
+        .map(|i| c.status_u64(i, &["peer", "oversized"]))
         .sum();
     let r = busy.finish();
     let most = assert_no_overshoot(name, &r, 3);

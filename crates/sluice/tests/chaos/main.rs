@@ -596,26 +596,14 @@ fn a_key_flood_leaves_a_busy_key_alone() {
 
 fn key_flood(name: &str, secs: u64, per_node: f64) {
     let _one = serial();
-    let yaml = format!(
-        "{}  - key: remote_address\n    rate_limit:\n      unit: second\n      \
-         requests_per_unit: 20\n      algorithm: gcra\n      burst: 5\n      \
-         coordination: cluster\n",
-        harness::rule_yaml()
-    );
+    let yaml = harness::address_rule_yaml("second", 20);
     let c = Cluster::with_rules(name, 3, Start::StateFile, &yaml, &[]);
     let incs: Vec<_> = (0..3).map(|i| c.incarnation(i)).collect();
     let busy = Load::start(&skewed(&c), 4, "acme");
     std::thread::sleep(3 * SEC);
     let flood_from = busy.elapsed();
     let rates: Vec<_> = (0..3).map(|i| (i, c.addr(i), per_node)).collect();
-    let flood = Load::start_with(&rates, 4, |k| {
-        format!(
-            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.{}.{}.{}"}}]}}]}}"#,
-            (k >> 16) & 255,
-            (k >> 8) & 255,
-            k & 255
-        )
-    });
+    let flood = Load::start_with(&rates, 4, harness::address_body);
     std::thread::sleep(SEC * secs as u32);
     let flooded = flood.finish();
     let flood_to = busy.elapsed();
