@@ -39,6 +39,8 @@ use crate::metrics::{Answer, Api, Metrics};
 // The service on worker threads with a current-thread runtime each (`sluice serve`).
 mod workers;
 pub use workers::run_on_workers;
+// One connection on h2 directly: plain `ShouldRateLimit` calls answered in its task.
+mod connection;
 
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
 /// memory under churning keys, rarely enough to cost nothing measurable.
@@ -236,33 +238,36 @@ impl<C: Clock> RateLimitGrpc<C> {
     }
 }
 
-#[tonic::async_trait]
-impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
-    async fn should_rate_limit(
+impl<C: Clock> RateLimitGrpc<C> {
+    /// Whether every call is decided without waiting: no Redis and no token-server center
+    /// attached.
+    pub(crate) fn decides_locally(&self) -> bool {
+        self.engine.redis().is_none() && self.engine.token_server().is_none()
+    }
+
+    /// Answers `proto` when [`RateLimitGrpc::decides_locally`]: what
+    /// [`RateLimitService::should_rate_limit`] answers, without its future.
+    pub(crate) fn decide_local(
         &self,
-        request: tonic::Request<rls::RateLimitRequest>,
-    ) -> Result<tonic::Response<rls::RateLimitResponse>, tonic::Status> {
-        let request = request_from_proto(request.into_inner())
-            .inspect_err(|_| self.record(Answer::Invalid, None))?;
+        proto: rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, tonic::Status> {
+        let request =
+            request_from_proto(proto).inspect_err(|_| self.record(Answer::Invalid, None))?;
         let now = self.clock.now();
-        // envoyproxy/ratelimit answers an empty domain or descriptor list with an error, not
-        // with a response (its `checkServiceErr`, same messages); Envoy's filter then applies
-        // its `failure_mode_deny`. Its error reaches the wire as UNKNOWN (a plain Go error);
-        // Envoy treats every error status alike, so we say what it is: INVALID_ARGUMENT.
-        // Only the engine call is timed: the decision latency, not the transport's.
         let start = Instant::now();
-        let decided = if self.engine.redis().is_none() && self.engine.token_server().is_none() {
-            // What the async path does without a center, without its future: that future
-            // (Redis and token-server calls) is kilobytes, and every layer of tonic's
-            // handler moved it, the largest cost per call after HTTP/2 itself.
-            self.engine.should_rate_limit(now, &request)
-        } else {
-            // Boxed, so this handler's own future stays small (moved by each layer).
-            Box::pin(self.engine.should_rate_limit_async(now, &request)).await
-        };
-        let took = start.elapsed();
+        let decided = self.engine.should_rate_limit(now, &request);
+        self.answer(&request, decided, start.elapsed())
+    }
+
+    /// The answer to `request`, decided in `took`, recorded into the metrics.
+    fn answer(
+        &self,
+        request: &Request,
+        decided: Result<Response, crate::engine::RequestError>,
+        took: Duration,
+    ) -> Result<rls::RateLimitResponse, tonic::Status> {
         let answer = match decided {
-            Ok(r) => service_answer(&request, r, &self.options),
+            Ok(r) => service_answer(request, r, &self.options),
             Err(e) => {
                 self.record(Answer::Invalid, None);
                 return Err(tonic::Status::invalid_argument(e.to_string()));
@@ -274,8 +279,37 @@ impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
         {
             m.record_global_shadow_mode();
         }
-        let proto = answer.response;
-        Ok(tonic::Response::new(proto))
+        Ok(answer.response)
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Clock + 'static> RateLimitService for RateLimitGrpc<C> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<rls::RateLimitRequest>,
+    ) -> Result<tonic::Response<rls::RateLimitResponse>, tonic::Status> {
+        // envoyproxy/ratelimit answers an empty domain or descriptor list with an error, not
+        // with a response (its `checkServiceErr`, same messages); Envoy's filter then applies
+        // its `failure_mode_deny`. Its error reaches the wire as UNKNOWN (a plain Go error);
+        // Envoy treats every error status alike, so we say what it is: INVALID_ARGUMENT.
+        // Only the engine call is timed: the decision latency, not the transport's.
+        if self.decides_locally() {
+            // What the async path does without a center, without its future: that future
+            // (Redis and token-server calls) is kilobytes, and every layer of tonic's
+            // handler moved it, the largest cost per call after HTTP/2 itself.
+            return self
+                .decide_local(request.into_inner())
+                .map(tonic::Response::new);
+        }
+        let request = request_from_proto(request.into_inner())
+            .inspect_err(|_| self.record(Answer::Invalid, None))?;
+        let now = self.clock.now();
+        let start = Instant::now();
+        // Boxed, so this handler's own future stays small (moved by each layer).
+        let decided = Box::pin(self.engine.should_rate_limit_async(now, &request)).await;
+        self.answer(&request, decided, start.elapsed())
+            .map(tonic::Response::new)
     }
 }
 

@@ -1,13 +1,13 @@
 //! The gRPC service on worker threads, each with its own single-threaded tokio runtime; one
-//! acceptor hands them the connections round robin.
+//! acceptor hands them the connections round robin, and each connection is served by
+//! [`connection::serve`] (h2 directly; tonic's routes for all but plain calls).
 //!
-//! Why not the multi-threaded runtime: hyper serves every HTTP/2 stream as its own task,
-//! and each answered stream wakes its connection's task. The multi-threaded scheduler runs a
-//! task woken by the running one next (its "LIFO slot"), so the connection wrote every
-//! answer on its own: a `writev` per one or two calls, which cost the server and its clients
-//! more CPU than the decisions. A current-thread runtime queues the woken connection behind
-//! the streams already runnable, so one `writev` carries every answer of a batch of
-//! requests; and a connection never moves between threads.
+//! Why not the multi-threaded runtime: an answered stream wakes its connection's task, and
+//! the multi-threaded scheduler runs a task woken by the running one next (its "LIFO
+//! slot"), so the connection wrote every answer on its own: a `writev` per one or two calls,
+//! which cost the server and its clients more CPU than the decisions. On a current-thread
+//! runtime a connection never moves between threads, and its task answers a whole batch of
+//! requests before it writes.
 
 use std::future::Future;
 use std::num::NonZeroUsize;
@@ -16,14 +16,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 
-use super::{GrpcOptions, RateLimitGrpc, RateLimitServiceServer, ServeError, sweep};
+use super::{GrpcOptions, RateLimitGrpc, RateLimitServiceServer, ServeError, connection, sweep};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use sluice_limits::Clock;
@@ -54,13 +52,14 @@ pub async fn run_on_workers<C: Clock + 'static>(
     if let Some(metrics) = metrics {
         service = service.with_metrics(metrics);
     }
-    let service = RateLimitServiceServer::new(service);
+    let service = Arc::new(service);
+    let server = RateLimitServiceServer::from_arc(Arc::clone(&service));
     let health = tonic_health::server::HealthReporter::new();
     health
         .set_serving::<RateLimitServiceServer<RateLimitGrpc<Arc<C>>>>()
         .await;
     let health_service = HealthServer::new(HealthService::from_health_reporter(health.clone()));
-    let routes = Routes::new(health_service).add_service(service);
+    let routes = Routes::new(health_service).add_service(server);
 
     let (stop, stopped) = watch::channel(false);
     let mut senders = Vec::with_capacity(workers.get());
@@ -68,24 +67,16 @@ pub async fn run_on_workers<C: Clock + 'static>(
     for i in 0..workers.get() {
         let (tx, rx) = mpsc::unbounded_channel();
         let (finished, finished_rx) = oneshot::channel();
-        let (routes, mut stopped) = (routes.clone(), stopped.clone());
+        let (service, routes, stopped) = (Arc::clone(&service), routes.clone(), stopped.clone());
         let worker = move || {
             let result = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
-                Ok(runtime) => runtime.block_on(async move {
-                    // Registered with this thread's reactor, so the connection stays here.
-                    let incoming =
-                        UnboundedReceiverStream::new(rx).map(tokio::net::TcpStream::from_std);
-                    tonic::transport::Server::builder()
-                        .add_routes(routes)
-                        .serve_with_incoming_shutdown(incoming, async move {
-                            let _ = stopped.wait_for(|s| *s).await;
-                        })
-                        .await
-                        .map_err(ServeError::from)
-                }),
+                Ok(runtime) => {
+                    runtime.block_on(serve_worker(rx, service, routes, stopped));
+                    Ok(())
+                }
                 Err(e) => Err(ServeError::Worker(e)),
             };
             let _ = finished.send(result);
@@ -122,6 +113,50 @@ pub async fn run_on_workers<C: Clock + 'static>(
     drop(senders);
     sweeper.abort();
     result
+}
+
+/// One worker: serves the connections it is handed ([`connection::serve`]) until `stopped`
+/// turns true, then lets each end its calls in flight (a GOAWAY first) and returns.
+async fn serve_worker<C: Clock + 'static>(
+    mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    service: Arc<RateLimitGrpc<Arc<C>>>,
+    routes: Routes,
+    stopped: watch::Receiver<bool>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    let mut watching = stopped.clone();
+    let stop_all = async move {
+        let _ = watching.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stop_all);
+    loop {
+        tokio::select! {
+            () = &mut stop_all => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            stream = incoming.recv() => {
+                let Some(stream) = stream else { break };
+                // Registered with this thread's reactor, so the connection stays here.
+                let io = match tokio::net::TcpStream::from_std(stream) {
+                    Ok(io) => io,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "gRPC: cannot take a connection over");
+                        continue;
+                    }
+                };
+                let mut stop = stopped.clone();
+                let stop = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                connections.spawn(connection::serve(
+                    io,
+                    Arc::clone(&service),
+                    routes.clone(),
+                    stop,
+                ));
+            }
+        }
+    }
+    while connections.join_next().await.is_some() {}
 }
 
 /// Accepts connections until `shutdown` completes, handing them to the workers in turn.
