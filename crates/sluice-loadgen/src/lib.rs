@@ -31,9 +31,10 @@
 //!   before, and its latency is measured **from that intended time**, as wrk2 does: a stall
 //!   shows up in the latency of every request that should have been sent during it. At most
 //!   `concurrency` requests are in flight; if the service cannot keep up, requests fall
-//!   behind schedule and their queueing shows in the latency. The schedule is kept with
-//!   tokio's timer (1 ms resolution), so the latency from the intended time includes up to
-//!   about 1 ms of timer slack; [`Report::service_time_us`] (from the actual send) does not.
+//!   behind schedule and their queueing shows in the latency. The schedule is kept with a
+//!   `timerfd` per worker on Linux (microseconds; tokio's timer, elsewhere, rounds up to
+//!   whole milliseconds and would add up to 1 ms to every latency from the intended time);
+//!   [`Report::service_time_us`] is from the actual send.
 //!
 //! Latencies are those of answered calls (OK and OVER_LIMIT); errors (transport failures,
 //! error statuses, timeouts) are counted by reason. Every request sent ends as exactly one
@@ -69,7 +70,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 pub mod delay_proxy;
+// Sub-millisecond waits (the open loop's schedule, the delay proxy).
 pub mod demo;
+mod timer;
 // gRPC calls straight on h2, each key's request encoded once.
 mod grpc_client;
 use grpc_client::{GrpcConn, GrpcTarget};
@@ -613,11 +616,20 @@ async fn worker(
     latencies: Arc<Mutex<Latencies>>,
 ) {
     let mut body = String::new();
+    // The open loop keeps its schedule to the microsecond; without a timer, to tokio's
+    // millisecond.
+    let mut timer = plan.rate.and_then(|_| timer::Timer::new().ok());
     loop {
         let n = shared.next.fetch_add(1, Ordering::Relaxed);
         let Some(due) = plan.due(n) else { break };
         if let Some(due) = due {
-            tokio::time::sleep_until(due).await;
+            let precise = match &mut timer {
+                Some(t) => t.sleep_until(due).await.is_ok(),
+                None => false,
+            };
+            if !precise {
+                tokio::time::sleep_until(due).await;
+            }
         }
         let sent_at = Instant::now();
         shared.sent.fetch_add(1, Ordering::AcqRel);
