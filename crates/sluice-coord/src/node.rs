@@ -142,6 +142,10 @@ struct Link {
     /// Messages from the peer sent (its clock) before this carry no counters or retirement
     /// proposals we apply: they may hold counters of a retired generation (see "Idle keys").
     floor: Nanos,
+    /// For a link made at run time, our clock when it was made (or its peer incarnation
+    /// changed): the peer's counters count, and we give to it, only once it echoes a message
+    /// we sent since (`Link::heard_us`). 0 for a configured link.
+    opened: Nanos,
     /// `sent_at` of our latest message to the peer: `sent_at` strictly increases per link,
     /// so "sent before" is well defined for the peer's floor.
     last_sent: Nanos,
@@ -151,6 +155,14 @@ struct Link {
 }
 
 impl Link {
+    /// Whether the peer heard this node on this link: a link made at run time carries
+    /// counters only after the peer echoed one of our messages sent since it was made. A
+    /// recorded datagram of a departed incarnation, replayed after its dead floor was
+    /// forgotten, can open a link but never echo it, so its old gifts are never taken again.
+    fn heard_us(&self) -> bool {
+        self.opened == 0 || self.echoed >= self.opened
+    }
+
     /// The link is with no incarnation any more (it died, or we did): what we knew of the
     /// last one goes (its clock, its floor).
     fn unlink(&mut self) {
@@ -203,8 +215,9 @@ enum Retirement {
 }
 
 // The 1,000-node simulation is bound by cache misses on this state (docs/BENCHMARKS.md):
-// growing either struct is a choice, not an accident.
-const _: () = assert!(size_of::<LinkKey>() <= 88 && size_of::<Link>() <= 184);
+// growing either struct is a choice, not an accident (`Link::opened`: 8 bytes per link, for
+// replays of departed joiners).
+const _: () = assert!(size_of::<LinkKey>() <= 88 && size_of::<Link>() <= 192);
 
 impl LinkKey {
     /// No gift may cross the link on this key while a retirement is under way.
@@ -414,6 +427,10 @@ pub struct Node {
     votes: BTreeMap<NodeId, BTreeMap<NodeId, u64>>,
     /// Dead floors: incarnations up to this one of the node are dead or fenced.
     dead: BTreeMap<NodeId, u64>,
+    /// When the dead floor of a node that is neither a member nor us last moved here: it is
+    /// told for `Config::forget_departed / 2`, and forgotten after `forget_departed` once
+    /// no link with the node is left.
+    departed: BTreeMap<NodeId, Nanos>,
     /// Bumped when `dead` changes: a link sends its floors when it has not sent this one.
     dead_version: u32,
     /// Bumped when a base changes (a fold, a retirement, a mint): an audit reading is the
@@ -514,6 +531,7 @@ impl Node {
             leased_once: false,
             votes: BTreeMap::new(),
             dead: BTreeMap::new(),
+            departed: BTreeMap::new(),
             dead_version: 0,
             base_version: 0,
             confirms: BTreeMap::new(),
@@ -555,6 +573,7 @@ impl Node {
             pacing,
             neighbour,
             floor: 0,
+            opened: 0,
             last_sent: 0,
             delta: Box::default(),
         }
@@ -896,10 +915,10 @@ impl Node {
             self.usable_cache = None;
         }
         let cfg = &self.cfg;
-        let link = self
-            .links
-            .entry(peer)
-            .or_insert_with(|| Self::new_link(cfg, cfg.join_weight, now, neighbour));
+        let link = self.links.entry(peer).or_insert_with(|| Link {
+            opened: now.max(1),
+            ..Self::new_link(cfg, cfg.join_weight, now, neighbour)
+        });
         if neighbour && !link.neighbour {
             link.neighbour = true;
             link.pacing = cfg

@@ -148,6 +148,10 @@ pub enum Step {
     Leave(NodeId),
     /// Run this many cycles.
     Run(u64),
+    /// Deliver again, now and in their order, every datagram this node sent since
+    /// [`Cluster::record`] was turned on (an attacker on the path replaying what it
+    /// captured: they authenticate, so only the protocol can refuse them).
+    Replay(NodeId),
 }
 
 #[derive(Debug)]
@@ -201,6 +205,10 @@ pub struct Cluster {
     pub traffic: Traffic,
     /// The steps applied, in order.
     pub log: Vec<String>,
+    /// Whether datagrams sent are recorded (see [`Step::Replay`]).
+    recording: bool,
+    /// Datagrams sent while recording, `(from, to, bytes)`.
+    recorded: Vec<(NodeId, NodeId, Vec<u8>)>,
 }
 
 impl Cluster {
@@ -249,7 +257,15 @@ impl Cluster {
             violations: Vec::new(),
             traffic: Traffic::default(),
             log: Vec::new(),
+            recording: false,
+            recorded: Vec::new(),
         })
+    }
+
+    /// Starts (or stops) recording every datagram sent, for [`Step::Replay`]; what was
+    /// recorded stays.
+    pub fn record(&mut self, on: bool) {
+        self.recording = on;
     }
 
     /// Sets node `id`'s clock rate (local time = real time × rate).
@@ -436,6 +452,25 @@ impl Cluster {
                     self.cycle_once();
                 }
             }
+            Step::Replay(id) => {
+                let copies: Vec<(NodeId, Vec<u8>)> = self
+                    .recorded
+                    .iter()
+                    .filter(|r| r.0 == id)
+                    .map(|r| (r.1, r.2.clone()))
+                    .collect();
+                for (to, bytes) in copies {
+                    self.seq += 1;
+                    self.flights.push(Flight {
+                        at: self.now,
+                        seq: self.seq,
+                        from: id,
+                        to,
+                        bytes,
+                    });
+                }
+                self.deliver_due();
+            }
         }
         self.check("step");
     }
@@ -465,6 +500,9 @@ impl Cluster {
             if bytes.len() > most {
                 self.traffic.oversized += 1;
                 continue;
+            }
+            if self.recording {
+                self.recorded.push((id, out.to, bytes.clone()));
             }
             if self.rng.next_f64() < self.net.loss {
                 continue;

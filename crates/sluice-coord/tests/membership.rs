@@ -14,8 +14,12 @@ const KEY: u64 = 7;
 const LIMIT: u64 = 1_000_000;
 const VOTERS: u32 = 3;
 
+/// How long a departed joiner's dead floor is kept (the smallest allowed).
+const FORGET: u64 = 6 * LEASE + 64 * CYCLE;
+
 fn config(id: NodeId, links: Vec<(NodeId, f64)>) -> Config {
     let mut c = Config::new(id, (0..VOTERS).collect(), links, LIMIT);
+    c.forget_departed = FORGET;
     // Stable for the degree a voter reaches with every joiner (the law also caps γ by the
     // live degree at every tick).
     c.gamma = 0.1;
@@ -186,5 +190,112 @@ fn a_join_a_leave_and_a_crash_at_once_end_at_exactly_l() {
             "crash of {crashed}: {:?}",
             c.violations
         );
+    }
+}
+
+#[test]
+fn a_joiner_restarted_before_its_fence_is_a_neighbour_again() {
+    let mut c = voters();
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    // kill -9 and a restart with its state file, well within lease·(1+ρ)²: the voters fold
+    // the old incarnation and link with the new one, which must echo them (`heard_us`)
+    // though it is in its quarantine (a joiner's echo makes no lease).
+    c.apply(Step::Crash(10));
+    c.apply(Step::Restart(10));
+    c.apply(Step::Run(LEASE / CYCLE + 20));
+    assert!(c.node(10).unwrap().incarnation() > 1);
+    assert!(leased(&c, 10), "the later incarnation holds a lease");
+    let own = c.node(10).unwrap().own(KEY);
+    assert!(
+        own >= LIMIT / 4,
+        "the later incarnation earns its share again: {own}"
+    );
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+/// Joiners with ids never used again come and go (a Deployment scaled up and down for
+/// months): a node keeps a departed joiner's dead floor for `forget_departed`, so the floors
+/// it holds, and those every message carries, stay bounded by the departures of that long,
+/// and the cluster stays at exactly `L` throughout.
+#[test]
+fn churn_of_joiner_ids_leaves_bounded_dead_floors() {
+    let mut c = voters();
+    let round = 20; // cycles per joiner
+    let joiners = 40;
+    let mut most = 0;
+    for j in 0..joiners {
+        let id = 100 + j;
+        join(&mut c, id, 0.2 * LIMIT as f64);
+        c.apply(Step::Run(round - 6));
+        // Half leave gracefully, half crash (fenced).
+        c.apply(if j % 2 == 0 {
+            Step::Leave(id)
+        } else {
+            Step::Crash(id)
+        });
+        c.apply(Step::Run(4));
+        for v in 0..VOTERS {
+            most = most.max(c.node(v).unwrap().dead_floors().len());
+        }
+    }
+    // Departures within `forget_departed` (plus the floors' own ages), not all 40.
+    let window = (FORGET / CYCLE / round) as usize + 3;
+    assert!(most <= window, "floors held: {most} (window {window})");
+    c.apply(Step::Run(2 * FORGET / CYCLE));
+    for v in 0..VOTERS {
+        let n = c.node(v).unwrap();
+        assert!(
+            n.dead_floors().is_empty(),
+            "node {v}: {:?}",
+            n.dead_floors()
+        );
+        assert_eq!(n.membership().live.len(), VOTERS as usize, "node {v}");
+    }
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}
+
+/// An attacker on the path records a joiner's datagrams (its introduction, then its gifts
+/// back to the voters) and replays them after the joiner is gone and its dead floor
+/// forgotten. They authenticate; the link they open counts nothing, because the replayed
+/// messages never echo one sent on it (`Link::heard_us`), so no capacity comes twice.
+#[test]
+fn a_departed_joiners_datagrams_replayed_after_its_floor_is_forgotten_add_nothing() {
+    let mut c = voters();
+    c.record(true);
+    join(&mut c, 10, 0.3 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    assert!(c.node(10).unwrap().own(KEY) >= LIMIT / 4);
+    // Its demand goes: it gives its share back, and those messages are recorded too.
+    c.apply(Step::SetDemand(10, KEY, 0.0));
+    c.apply(Step::Run(30));
+    c.apply(Step::Crash(10));
+    c.record(false);
+    c.apply(Step::Run(FORGET / CYCLE + 20));
+    for v in 0..VOTERS {
+        assert_eq!(
+            c.node(v).unwrap().dead_floors().get(&10),
+            None,
+            "node {v} forgot"
+        );
+    }
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    for _ in 0..3 {
+        c.apply(Step::Replay(10));
+        c.apply(Step::Run(2));
+    }
+    assert!(
+        c.sum_own(KEY) <= LIMIT,
+        "replayed gifts taken: {}",
+        c.sum_own(KEY)
+    );
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    // The phantom link is voted out, fenced and dropped like a crashed joiner.
+    c.apply(Step::Run(LEASE / CYCLE + 20));
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    for v in 0..VOTERS {
+        assert_eq!(c.node(v).unwrap().link_state(10, c.now()), None, "node {v}");
     }
 }

@@ -114,6 +114,9 @@ pub struct ClusterSpec {
     /// A key with no demand for this long gives its capacity back and its state is dropped
     /// (`sluice_coord` "Idle keys"); it comes back from the static split.
     pub idle_after: Duration,
+    /// How long a departed joiner's dead floor is kept (`sluice serve --forget-departed`;
+    /// docs/PROTOCOL.md, "Membership"): at least `6·lease + 64·cycle`.
+    pub forget_departed: Duration,
     /// Where the incarnation is kept across restarts (`sluice serve --state-file`). It is
     /// rewritten whenever this node starts again as a new incarnation while running (fenced,
     /// or long without a lease), so that the next start comes back above every incarnation
@@ -154,6 +157,7 @@ impl ClusterSpec {
             fallback: Fallback::None,
             incarnation: 1,
             idle_after: Duration::from_secs(30),
+            forget_departed: Duration::from_secs(600),
             state_file: None,
             max_keys: 10_000,
             link_budget: 60_000,
@@ -883,6 +887,7 @@ fn node_config(
     // A capacity audit every ten leases, and at once after a fence (docs/PROTOCOL.md "The
     // capacity audit"); a round costs a few bytes per link.
     cfg.audit_every = Some(nanos(spec.lease) * 10);
+    cfg.forget_departed = nanos(spec.forget_departed);
     // One message must fit one datagram with its frame.
     cfg.max_message_bytes = peer::MAX_DATAGRAM - peer::HEADER - peer::TAG;
     // Memory and peer bytes are bounded (docs/PROTOCOL.md "Many keys").

@@ -686,3 +686,48 @@ fn logs_are_plain_off_a_terminal_and_json_when_asked() {
         }
     }
 }
+
+/// `--forget-departed` shorter than the protocol allows (`6 × --lease + 64 × --cycle`):
+/// `sluice serve` refuses to start and says which flag and what least value.
+#[test]
+fn a_too_short_forget_departed_is_refused_with_the_least_value() {
+    let dir = std::env::temp_dir().join(format!("sluice-forget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      \
+         requests_per_unit: 10\n      coordination: cluster\n",
+    )
+    .unwrap();
+    let peer = format!("1=127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--peer-addr", "127.0.0.1:0", "--node-id", "0", "--peers", &peer])
+        .args(["--lease", "1s", "--cycle", "100ms", "--forget-departed", "10s"])
+        .args(["--watch", "off"])
+        .env("SLUICE_PEER_KEY", "cluster-cli-test-key-0123456789")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = exit_status(&mut child, 30).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("sluice serve kept running with --forget-departed 10s")
+    });
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!status.success(), "exited with {status}; stderr:\n{stderr}");
+    assert!(
+        stderr.contains("--forget-departed") && stderr.contains("12.4s"),
+        "stderr does not name the flag and the least value:\n{stderr}"
+    );
+}

@@ -266,7 +266,7 @@ impl Node {
                 devs,
                 incs: vec![(self.cfg.id, self.inc)],
                 members,
-                dead: self.dead_list(),
+                dead: self.dead_list(now),
             },
         }
     }

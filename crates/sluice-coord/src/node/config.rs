@@ -130,6 +130,11 @@ pub struct Config {
     /// fence, a round that failed or minted). `None` runs none: a dead node's capacity and a
     /// restarted node's share then never come back.
     pub audit_every: Option<Nanos>,
+    /// How long a node keeps the dead floor of a departed joiner (not a member, no link
+    /// left): it tells its peers for the first half, then forgets it, so that churn of
+    /// joiners' ids leaves no growing state behind (docs/PROTOCOL.md, "Membership"). At
+    /// least `6·lease + 64·cycle`.
+    pub forget_departed: Nanos,
 }
 
 impl Config {
@@ -167,6 +172,7 @@ impl Config {
             max_keys: None,
             idle_after: None,
             audit_every: Some(10_000_000_000),
+            forget_departed: 600_000_000_000,
         }
     }
 
@@ -241,6 +247,14 @@ impl Config {
         }
         if !(self.max_drift.is_finite() && (0.0..0.5).contains(&self.max_drift)) {
             return Err(ConfigError::Invalid("max_drift must be in [0, 0.5)"));
+        }
+        // Half of it (the time a floor is told) outlasts what it takes a node still linked
+        // with the dead incarnation to hear of it (16 cycles) or to start again itself
+        // (two leases without one).
+        if self.forget_departed < 6 * self.lease + 64 * self.cycle {
+            return Err(ConfigError::Invalid(
+                "forget_departed must be at least 6 leases and 64 cycles",
+            ));
         }
         if !(self.join_weight.is_finite() && self.join_weight > 0.0) {
             return Err(ConfigError::Invalid("join_weight must be positive"));

@@ -78,8 +78,8 @@ pub struct Membership {
     /// Every node this one has a live link with, and itself, with their incarnations,
     /// sorted by id.
     pub live: Vec<(NodeId, u64)>,
-    /// A digest of `voters`, `live` and the dead floors: two nodes with the same view show
-    /// the same version.
+    /// A digest of `voters`, `live` and the dead floors of the members and this node: two
+    /// nodes with the same view show the same version.
     pub version: u64,
     /// The counts of changes seen.
     pub changes: Changes,
@@ -135,7 +135,14 @@ impl Node {
                 .chain([u64::MAX])
                 .chain(live.iter().flat_map(|&(p, i)| [u64::from(p), i]))
                 .chain([u64::MAX])
-                .chain(self.dead.iter().flat_map(|(&p, &i)| [u64::from(p), i])),
+                // Departed joiners' floors are forgotten at slightly different times on
+                // different nodes; their links, gone everywhere, already changed `live`.
+                .chain(
+                    self.dead
+                        .iter()
+                        .filter(|(p, _)| !self.departed.contains_key(p))
+                        .flat_map(|(&p, &i)| [u64::from(p), i]),
+                ),
         );
         Membership {
             voters: self.members.clone(),

@@ -106,6 +106,7 @@ impl Node {
         }
         self.cast_votes(now);
         self.commit(now);
+        self.forget_departed(now);
         // Not with `Fallback::LastShare`, which keeps enforcing the last share through a
         // cut by choice (no strict bound to keep): it starts again once told it was fenced.
         let orphan = self.leased_once
@@ -170,7 +171,10 @@ impl Node {
             .get(&p)
             .and_then(|v| v.get(&self.cfg.id))
             .is_some_and(|&v| v >= l.inc);
-        if l.inc == 0 || voted || self.quarantined(now) {
+        // Only a member's echo makes a lease, so only a member's quarantine holds it back (a
+        // joiner's echo tells a peer it heard it: `Link::heard_us`).
+        let quarantined = self.quarantined(now) && self.members.binary_search(&self.cfg.id).is_ok();
+        if l.inc == 0 || voted || quarantined {
             0
         } else {
             l.echo
@@ -234,6 +238,9 @@ impl Node {
         }
         *floor = inc;
         self.dead_version = self.dead_version.wrapping_add(1);
+        if node != self.cfg.id && self.members.binary_search(&node).is_err() {
+            self.departed.insert(node, now);
+        }
         if let Some(v) = self.votes.get_mut(&node) {
             v.retain(|_, x| *x > inc);
             if v.is_empty() {
@@ -322,9 +329,38 @@ impl Node {
             .collect()
     }
 
-    /// Our dead floors.
-    pub(super) fn dead_list(&self) -> Vec<(NodeId, u64)> {
-        self.dead.iter().map(|(&n, &v)| (n, v)).collect()
+    /// The dead floors we tell (in messages and audit readings): the members', our own id's,
+    /// and a departed joiner's for `forget_departed / 2` after it moved here. Told no
+    /// longer, a floor cannot come back to a node that forgot it: every node that learned it
+    /// keeps it for `forget_departed` after it did.
+    pub(super) fn dead_list(&self, now: Nanos) -> Vec<(NodeId, u64)> {
+        let told = self.cfg.forget_departed / 2;
+        self.dead
+            .iter()
+            .filter(|&(n, _)| {
+                self.departed
+                    .get(n)
+                    .is_none_or(|&t| now.saturating_sub(t) < told)
+            })
+            .map(|(&n, &v)| (n, v))
+            .collect()
+    }
+
+    /// Forgets the dead floors of departed joiners after `Config::forget_departed` once no
+    /// link with them is left: every node linked with a dead incarnation has folded it or
+    /// started again by then, and a datagram of it replayed later opens no capacity (a link
+    /// made at run time counts nothing before the peer echoes it, `Link::heard_us`). So
+    /// churn of joiners' ids leaves no growing state behind.
+    fn forget_departed(&mut self, now: Nanos) {
+        let after = self.cfg.forget_departed;
+        let (links, dead) = (&self.links, &mut self.dead);
+        self.departed.retain(|n, &mut t| {
+            let keep = now.saturating_sub(t) < after || links.contains_key(n);
+            if !keep {
+                dead.remove(n);
+            }
+            keep
+        });
     }
 
     /// Dead floors for our own id above our incarnation we heard (and started again above):

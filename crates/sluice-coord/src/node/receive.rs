@@ -86,8 +86,9 @@ impl Node {
         if !known {
             // A joiner introduces itself, or a later incarnation of a joiner whose link went
             // with its fence comes back: it heard this incarnation of ours, so we linked with
-            // it before (the dead floor, checked above, keeps its old incarnations out).
-            let rejoin = self.dead.contains_key(&from) && msg.to_inc == self.inc;
+            // it before. Either way the link counts nothing until the sender echoes it
+            // (`Link::heard_us`): a replayed datagram opens no capacity.
+            let rejoin = msg.to_inc == self.inc;
             if !rejoin && (msg.lifecycle != Lifecycle::Joining || msg.to_inc != 0) {
                 return None;
             }
@@ -118,6 +119,10 @@ impl Node {
                 link.echo = 0;
                 link.indicator_at = 0;
                 link.delta.reset();
+                // A run-time link with another incarnation is made again.
+                if link.opened != 0 && link.inc != 0 {
+                    link.opened = now.max(1);
+                }
             }
             link.inc = msg.from_inc;
             link.last_recv = Some(link.last_recv.map_or(now, |t| t.max(now)));
@@ -157,7 +162,10 @@ impl Node {
         // Counters addressed to an older incarnation of us belong to it (it is dead); and
         // gifts are taken only under a lease (docs/PROTOCOL.md, "Leases": what a node holds
         // beyond its start was given while a quorum heard it).
-        let neighbour = self.links.get(&from).is_some_and(|l| l.neighbour);
+        let neighbour = self
+            .links
+            .get(&from)
+            .is_some_and(|l| l.neighbour && l.heard_us());
         if !neighbour || !(msg.to_inc == self.inc || msg.to_inc == 0) {
             return None;
         }

@@ -50,6 +50,7 @@ impl Node {
     pub(super) fn link_usable(l: &Link, now: Nanos, up: Nanos) -> bool {
         l.neighbour
             && l.inc != 0
+            && l.heard_us()
             && l.lifecycle == Lifecycle::Active
             && l.last_recv.is_some_and(|t| now.saturating_sub(t) <= up)
     }

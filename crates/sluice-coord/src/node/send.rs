@@ -158,7 +158,7 @@ impl Node {
             audit: None,
         };
         if send_dead {
-            message.dead = self.dead_list();
+            message.dead = self.dead_list(now);
         }
         message.audit = self.audit_field(to, u64::from(sends));
         // One datagram at most, and no more than the link's budget: what is left out goes

@@ -133,6 +133,13 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
     }
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
+    spec.forget_departed = duration("--forget-departed", &args.forget_departed)?;
+    let least = spec.lease * 6 + spec.cycle * 64;
+    anyhow::ensure!(
+        spec.forget_departed >= least,
+        "--forget-departed ({:?}) must be at least 6 × --lease + 64 × --cycle ({least:?})",
+        spec.forget_departed
+    );
     spec.fallback = parse_fallback(&args.fallback)?;
     if let Some(v) = args.wire_version {
         spec.wire_version = v;

@@ -76,6 +76,11 @@ pub(crate) struct Args {
     /// The lease on shared capacity (at least four cycles).
     #[arg(long, default_value = "1s")]
     pub(super) lease: String,
+    /// How long a node keeps the dead floor of a joiner that left or was fenced (refusing its
+    /// old incarnations), telling its peers for the first half: churn of joiners' ids leaves
+    /// no growing state. At least 6 × --lease + 64 × --cycle.
+    #[arg(long, default_value = "10m", value_name = "DURATION")]
+    pub(super) forget_departed: String,
     /// What a node enforces without a lease (cut off from a quorum): `none` (strict), `reserved:F`
     /// (strict, keeps fraction F of its initial share), `last-share` (available, not strict).
     #[arg(long, default_value = "none")]

@@ -242,3 +242,121 @@ fn a_join_a_leave_and_a_crash_at_once() {
         "{name}: the live nodes' shares add up to {s} L\n{statuses}"
     );
 }
+
+/// The dead floors node `i` holds for joiners (ids above the voters' 0-2): a voter's own
+/// earlier incarnations are members' floors, kept for ever.
+fn joiner_floors(c: &Cluster, i: usize) -> Vec<u64> {
+    c.status(i)
+        .and_then(|s| s["dead"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f["node"].as_u64())
+        .filter(|&n| n > 2)
+        .collect()
+}
+
+/// Churn of joiners' ids on real processes: six joiners with random ids (no `--node-id`),
+/// one after the other, each under load for two seconds, then gone (SIGTERM or kill -9, in
+/// turn), as pods of an autoscaled Deployment are. Every node keeps a departed joiner's dead
+/// floor for `--forget-departed` (15 s here), so the floors stay bounded by the departures
+/// of that long: after it, the voters hold none of the joiners' (`/v1/cluster` `dead`, `/metrics`
+/// `sluice_cluster_dead_floors`), no 1 s window admitted more than `L + burst`, and the
+/// shares add up to exactly `L`.
+#[test]
+fn churn_of_random_ids_leaves_no_dead_floors_behind() {
+    let _one = serial();
+    let name = "churn-random-ids";
+    let forget = Duration::from_secs(15);
+    let c = Cluster::with_args(
+        name,
+        3,
+        Start::Plain,
+        &crate::harness::rule_yaml(),
+        &[],
+        &["--forget-departed", "15s"],
+    );
+    for i in 0..3 {
+        c.wait_ready(i);
+    }
+    let mut c = c;
+    let origin = Instant::now();
+    let mut loads = vec![
+        load(origin, &c, 0, 0.3 * LIMIT as f64),
+        load(origin, &c, 1, 0.1 * LIMIT as f64),
+    ];
+    let mut records = Vec::new();
+    let mut held = Vec::new();
+    for j in 0..6 {
+        let id = c.add_joiner(Find::Seed(j % 3));
+        let l = load(origin, &c, id, 0.1 * LIMIT as f64);
+        std::thread::sleep(2 * SEC);
+        records.push(l.finish());
+        if j % 2 == 0 {
+            c.terminate(id);
+        } else {
+            c.kill(id);
+        }
+        std::thread::sleep(SEC);
+        held.push(joiner_floors(&c, 0).len());
+    }
+    let departed_at = origin.elapsed();
+    // Fenced (the killed ones) within two seconds, then forgotten `forget` later.
+    std::thread::sleep(forget + 4 * SEC);
+    let left: Vec<(usize, Vec<u64>)> = (0..3)
+        .map(|i| (i, joiner_floors(&c, i)))
+        .filter(|(_, f)| !f.is_empty())
+        .collect();
+    let metric = crate::harness::http(c.addr(0), "GET", "/metrics", "")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    let floors_metric = metric
+        .lines()
+        .find(|l| l.starts_with("sluice_cluster_dead_floors"))
+        .unwrap_or_default()
+        .to_owned();
+    let shares = c.total_share();
+    let statuses = c.statuses();
+    let r = loads
+        .drain(..)
+        .map(Load::finish)
+        .chain(records)
+        .reduce(Record::merge)
+        .expect("loads");
+    let most = assert_no_overshoot(name, &r, 6);
+    report(
+        name,
+        &[
+            ("max_1s_window", most.to_string()),
+            ("bound", (LIMIT + BURST + 6).to_string()),
+            ("floors_held_after_each_departure", format!("{held:?}")),
+            (
+                "last_departure_s",
+                format!("{:.1}", departed_at.as_secs_f64()),
+            ),
+            ("floors_left_after_forget", left.len().to_string()),
+            ("metric", floors_metric.replace(' ', "=")),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        held.iter().max().is_some_and(|&m| m >= 1),
+        "{name}: the departures left no dead floor at all: {held:?}"
+    );
+    assert!(
+        left.is_empty(),
+        "{name}: dead floors left {forget:?} after the last departure: {left:?}\n{statuses}"
+    );
+    let floors_now = floors_metric
+        .split_whitespace()
+        .last()
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        floors_now.is_some_and(|n| n <= 3.0),
+        "{name}: /metrics says {floors_metric:?} (at most the three members' own)"
+    );
+    let s = shares.unwrap_or_else(|| panic!("{name}: a voter did not answer"));
+    assert!(
+        (0.999..=1.0 + 1e-9).contains(&s),
+        "{name}: the voters' shares add up to {s} L\n{statuses}"
+    );
+}
