@@ -705,8 +705,22 @@ fn a_too_short_forget_departed_is_refused_with_the_least_value() {
         .args(["serve", "--config"])
         .arg(&file)
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--peer-addr", "127.0.0.1:0", "--node-id", "0", "--peers", &peer])
-        .args(["--lease", "1s", "--cycle", "100ms", "--forget-departed", "10s"])
+        .args([
+            "--peer-addr",
+            "127.0.0.1:0",
+            "--node-id",
+            "0",
+            "--peers",
+            &peer,
+        ])
+        .args([
+            "--lease",
+            "1s",
+            "--cycle",
+            "100ms",
+            "--forget-departed",
+            "10s",
+        ])
         .args(["--watch", "off"])
         .env("SLUICE_PEER_KEY", "cluster-cli-test-key-0123456789")
         .stdout(Stdio::null())
