@@ -443,3 +443,32 @@ fn protocol_errors_fail_every_call_and_send_goaway() {
     );
     assert!(state.failed().is_none());
 }
+
+proptest::proptest! {
+    /// Whatever a server sends after its SETTINGS (frame headers of every type with
+    /// arbitrary flags, streams and payloads, HPACK garbage included), the connection
+    /// neither panics nor loses a call: each call ends answered or failed, or waits.
+    #[test]
+    fn any_server_bytes_are_survived(
+        frames in proptest::collection::vec(
+            (0u8..12, proptest::prelude::any::<u8>(), 0u32..8, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24)),
+            0..24,
+        ),
+    ) {
+        let (mut state, mut shared) = ready(&[]);
+        let calls: Vec<usize> = (0..3).map(|_| submit(&mut shared)).collect();
+        state.sync(&mut shared);
+        let mut bytes = Vec::new();
+        for (ty, flags, stream, payload) in frames {
+            bytes.extend(Server::frame(ty, flags, stream, &payload));
+        }
+        let used = state.on_bytes(&bytes);
+        proptest::prop_assert!(used <= bytes.len());
+        state.sync(&mut shared);
+        if state.failed().is_some() {
+            for c in calls {
+                proptest::prop_assert!(outcome(&mut shared, c).is_some());
+            }
+        }
+    }
+}
