@@ -7,6 +7,7 @@
 #   CALLS=500000 ROUNDS=3 bash scripts/bench-daemon.sh
 #   BASE_BIN=/path/to/older/sluice bash scripts/bench-daemon.sh   # A/B against another build
 #   WORKERS=2 SERVER_CPUS=0,1 LOAD_CPUS=0,1 bash scripts/bench-daemon.sh
+#   TESTS="h2load bench open keys" ROUNDS=2 bash scripts/bench-daemon.sh   # pick the tests
 #
 # For every server binary (this build, and BASE_BIN if given, alternating round by round so
 # that other work on the machine hits both alike), each against a fresh server:
@@ -16,6 +17,8 @@
 # - `sluice bench` (ours), the same load: the same figures and its HDR percentiles;
 # - `sluice bench` open loop at RATE calls/s for OPEN_SECS: p50 / p99 from the intended send
 #   times (no coordinated omission) and the server's CPU per call;
+# - `sluice bench` with KEYS keys (`k=u{i}`: every call a key of its own in turn, each key's
+#   request encoded once), closed loop, the same load otherwise (only when TESTS has `keys`);
 # - h2load --h1 on `GET /v1/check/bench?k=hot` (HTTP/1.1, pipelined): calls/s and CPU per call;
 # - the server's write syscalls per call, from one more h2load run under `strace -c -f`
 #   (strace slows the server, so that run is not timed).
@@ -27,6 +30,7 @@ CONNS="${CONNS:-4}"
 STREAMS="${STREAMS:-64}"
 RATE="${RATE:-30000}"
 OPEN_SECS="${OPEN_SECS:-10}"
+KEYS="${KEYS:-10000}"
 ROUNDS="${ROUNDS:-1}"
 SERVER_CPUS="${SERVER_CPUS:-0}"
 LOAD_CPUS="${LOAD_CPUS:-1}"
@@ -162,6 +166,12 @@ one_server() { # label, binary, extra server flags...
           --grpc "127.0.0.1:$PORT" --rate "$RATE" --duration "${OPEN_SECS}s" \
           --concurrency "$((CONNS * STREAMS))" --connections "$CONNS" --domain bench \
           --descriptor k=hot --json
+        stop_server ;;
+      keys)
+        start_server "$bin" "$@"
+        run "$label" "keys-$KEYS" "$CALLS" taskset -c "$LOAD_CPUS" "$BIN" bench \
+          --grpc "127.0.0.1:$PORT" --requests "$CALLS" --concurrency "$((CONNS * STREAMS))" \
+          --connections "$CONNS" --domain bench --descriptor 'k=u{i}' --keys "$KEYS" --json
         stop_server ;;
       http)
         start_server "$bin" "$@"

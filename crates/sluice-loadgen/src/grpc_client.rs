@@ -1,33 +1,44 @@
-//! The load generator's gRPC client: `ShouldRateLimit` as HTTP/2 POSTs straight on `h2`
-//! (what gRPC is on the wire), each key's request encoded once.
+//! The load generator's gRPC client: `ShouldRateLimit` as HTTP/2 POSTs (what gRPC is on the
+//! wire) on its own small HTTP/2 client, each key's request encoded once.
 //!
-//! Why not tonic's client: its channel hands every call to a buffer task over a queue, and
-//! encodes and decodes through its codec stack; `sluice bench` spent more CPU per call than
-//! the server it measured (three times h2load's), so its figures measured itself. The
-//! answers are read the same way: the `grpc-status` of the trailers (or of the headers of
-//! a trailers-only answer) as tonic parses it, then the protobuf `RateLimitResponse`.
+//! Why its own: tonic's client hands every call to a buffer task over a queue and encodes
+//! through its codec stack, and even `h2` alone (HPACK both ways, its stream store, frames
+//! moved through its queues) left `sluice bench` spending more CPU per call than h2load,
+//! so its figures measured itself. Here each connection is one task ([`conn`]) that reads
+//! everything the socket has, answers the calls whose streams ended, opens streams for the
+//! queued calls with a header block HPACK-encoded once per connection and the call's
+//! pre-encoded gRPC frame as DATA, and writes all of it in one `write`. Answers are read as
+//! tonic reads them: the `grpc-status` of the trailers (or of the headers of a
+//! trailers-only answer), then the protobuf `RateLimitResponse`. The frames themselves are
+//! [`wire`]'s.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use parking_lot::Mutex;
 use prost::Message as _;
 
-use super::{LoadError, Outcome, error_chain};
+use super::{LoadError, Outcome};
+
+mod conn;
+mod wire;
+
+use conn::{ConnError, Driver, Shared, State};
 
 /// The method's path.
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// Flow-control windows: far above what 64 small calls in flight need, so that the window
-/// updates stay rare.
-const WINDOW: u32 = 4 << 20;
-
-/// Where gRPC calls go: `host:port` to connect to, and the request every call clones.
+/// Where gRPC calls go: `host:port` to connect to, and the header block of every call.
 #[derive(Debug, Clone)]
 pub(super) struct GrpcTarget {
     authority: String,
-    request: http::Request<()>,
+    block: Vec<u8>,
 }
 
 impl GrpcTarget {
@@ -56,15 +67,12 @@ impl GrpcTarget {
             return Err(bad("a port is needed (host:port)".to_owned()));
         }
         let authority = authority.as_str().to_owned();
-        let request = http::Request::post(format!("http://{authority}{PATH}"))
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .header(http::header::TE, "trailers")
-            .body(())
-            .map_err(|e| bad(format!("{e}")))?;
-        Ok(Self { authority, request })
+        let block = wire::request_block(&authority, PATH);
+        Ok(Self { authority, block })
     }
 
-    /// Opens one HTTP/2 connection; its driver runs as a task of the current runtime.
+    /// Opens one HTTP/2 connection (the server's SETTINGS read); its task runs on the
+    /// current runtime until every clone of the returned handle is dropped.
     pub(super) async fn connect(&self, timeout: Duration) -> Result<GrpcConn, String> {
         let connecting = async {
             let stream = tokio::net::TcpStream::connect(&self.authority)
@@ -72,24 +80,30 @@ impl GrpcTarget {
                 .map_err(|e| e.to_string())?;
             // Tiny requests: don't let Nagle hold them back.
             stream.set_nodelay(true).map_err(|e| e.to_string())?;
-            let (send, connection) = h2::client::Builder::new()
-                .initial_window_size(WINDOW)
-                .initial_connection_window_size(WINDOW)
-                .handshake::<_, Bytes>(stream)
+            let shared = Arc::new(Mutex::new(Shared::default()));
+            let mut driver = Driver::new(stream, State::new(self.block.clone()), shared);
+            let handshake = async {
+                driver.write_all().await?;
+                while !driver.state.ready() {
+                    driver.read_some().await?;
+                    if let Some(e) = driver.state.failed() {
+                        return Err(e.clone());
+                    }
+                }
+                Ok::<_, ConnError>(())
+            };
+            handshake
                 .await
-                .map_err(|e| error_chain(&e))?;
-            // Drives the connection; ends when every sender is dropped or the peer closes.
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            Ok::<_, String>(send)
+                .map_err(|e| format!("no HTTP/2 connection: {e}"))?;
+            let shared = Arc::clone(&driver.shared);
+            tokio::spawn(driver);
+            Ok::<_, String>(shared)
         };
-        let send = tokio::time::timeout(timeout, connecting)
+        let shared = tokio::time::timeout(timeout, connecting)
             .await
             .map_err(|_| format!("no connection within {timeout:?}"))??;
         Ok(GrpcConn {
-            send,
-            request: self.request.clone(),
+            handle: Arc::new(Handle { shared }),
         })
     }
 }
@@ -97,77 +111,114 @@ impl GrpcTarget {
 /// One HTTP/2 connection (cloned, it is the same connection: calls are its streams).
 #[derive(Debug, Clone)]
 pub(super) struct GrpcConn {
-    send: h2::client::SendRequest<Bytes>,
-    request: http::Request<()>,
+    handle: Arc<Handle>,
+}
+
+/// The connection's calls; when the last handle goes, the connection's task closes it.
+struct Handle {
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handle")
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let task = self.shared.lock().close();
+        if let Some(t) = task {
+            t.wake();
+        }
+    }
 }
 
 impl GrpcConn {
-    /// One `ShouldRateLimit` call with `body`, a gRPC frame ([`frame`]).
+    /// One `ShouldRateLimit` call with `body`, a gRPC frame ([`frame`]). Dropped before its
+    /// answer (a timeout), the call's stream is reset (RST_STREAM CANCEL).
     pub(super) async fn call(&mut self, body: Bytes) -> Outcome {
-        match self.exchange(body).await {
-            Ok(outcome) => outcome,
-            Err(e) => Outcome::Error(e),
+        Call {
+            shared: &self.handle.shared,
+            body: Some(body),
+            slot: None,
+        }
+        .await
+    }
+}
+
+/// A call in flight: its slot in the connection's [`Shared`].
+struct Call<'a> {
+    shared: &'a Mutex<Shared>,
+    body: Option<Bytes>,
+    slot: Option<usize>,
+}
+
+impl Future for Call<'_> {
+    type Output = Outcome;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let this = self.get_mut();
+        if let Some(idx) = this.slot {
+            let done = this.shared.lock().poll_done(idx, cx.waker());
+            return match done {
+                Some(o) => {
+                    this.slot = None;
+                    Poll::Ready(o)
+                }
+                None => Poll::Pending,
+            };
+        }
+        let body = this.body.take().unwrap_or_default();
+        let submitted = this.shared.lock().submit(body, cx.waker());
+        match submitted {
+            Ok((idx, task)) => {
+                this.slot = Some(idx);
+                if let Some(t) = task {
+                    t.wake();
+                }
+                Poll::Pending
+            }
+            Err(reason) => Poll::Ready(Outcome::Error(reason)),
         }
     }
+}
 
-    async fn exchange(&mut self, body: Bytes) -> Result<Outcome, String> {
-        std::future::poll_fn(|cx| self.send.poll_ready(cx))
-            .await
-            .map_err(|e| error_chain(&e))?;
-        let (response, mut stream) = self
-            .send
-            .send_request(self.request.clone(), false)
-            .map_err(|e| error_chain(&e))?;
-        stream.send_data(body, true).map_err(|e| error_chain(&e))?;
-        let (head, mut body) = response.await.map_err(|e| error_chain(&e))?.into_parts();
-        if head.status != http::StatusCode::OK {
-            return Ok(Outcome::Error(format!("HTTP {}", head.status)));
-        }
-        let mut message = Bytes::new();
-        let mut more = BytesMut::new();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.map_err(|e| error_chain(&e))?;
-            // Consumed at once: give the window back.
-            let _ = body.flow_control().release_capacity(chunk.len());
-            if message.is_empty() && more.is_empty() {
-                message = chunk;
-            } else {
-                if more.is_empty() {
-                    more.extend_from_slice(&message);
-                }
-                more.extend_from_slice(&chunk);
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if let Some(idx) = self.slot {
+            let task = self.shared.lock().cancel(idx);
+            if let Some(t) = task {
+                t.wake();
             }
         }
-        if !more.is_empty() {
-            message = more.freeze();
-        }
-        let trailers = body.trailers().await.map_err(|e| error_chain(&e))?;
-        // A trailers-only answer (an error) carries its status in the headers.
-        let status = tonic::Status::from_header_map(trailers.as_ref().unwrap_or(&head.headers));
-        match status {
-            Some(s) if s.code() == tonic::Code::Ok => {}
-            Some(s) => {
-                return Ok(Outcome::Error(format!(
-                    "gRPC {:?}: {}",
-                    s.code(),
-                    s.message()
-                )));
-            }
-            None => return Ok(Outcome::Error("gRPC answer without grpc-status".to_owned())),
-        }
-        Ok(outcome(message))
+    }
+}
+
+/// The error a non-zero `grpc-status` says, as tonic reads it (code and decoded message).
+fn status_error(code: &[u8], message: &[u8]) -> Outcome {
+    let mut map = http::HeaderMap::new();
+    if let Ok(v) = http::HeaderValue::from_bytes(code) {
+        map.insert("grpc-status", v);
+    }
+    if let Ok(v) = http::HeaderValue::from_bytes(message) {
+        map.insert("grpc-message", v);
+    }
+    match tonic::Status::from_header_map(&map) {
+        Some(s) => Outcome::Error(format!("gRPC {:?}: {}", s.code(), s.message())),
+        None => Outcome::Error("gRPC answer without grpc-status".to_owned()),
     }
 }
 
 /// The outcome an answer's body (one gRPC frame) says.
-fn outcome(mut frame: Bytes) -> Outcome {
-    if frame.len() < 5 {
+fn outcome(frame: &[u8]) -> Outcome {
+    let Some((&[flag, a, b, c, d], frame)) = frame.split_first_chunk::<5>() else {
         return Outcome::Error("gRPC answer without a message".to_owned());
-    }
-    if frame.get_u8() != 0 {
+    };
+    if flag != 0 {
         return Outcome::Error("gRPC answer compressed (not asked for)".to_owned());
     }
-    let len = frame.get_u32() as usize;
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
     if frame.len() != len {
         return Outcome::Error(format!(
             "gRPC answer of {} bytes, its frame says {len}",
@@ -214,7 +265,7 @@ mod tests {
         assert!(GrpcTarget::parse("not an address").is_err());
         let t = GrpcTarget::parse("localhost:9").unwrap();
         assert_eq!(t.authority, "localhost:9");
-        assert_eq!(t.request.uri().path(), PATH);
+        assert_eq!(t.block, wire::request_block("localhost:9", PATH));
     }
 
     #[test]
@@ -228,25 +279,19 @@ mod tests {
             b.put_u8(0);
             b.put_u32(u32::try_from(r.encoded_len()).unwrap());
             r.encode(&mut b).unwrap();
-            b.freeze()
+            b.to_vec()
         };
-        assert!(matches!(outcome(answer(PbCode::Ok)), Outcome::Ok));
+        assert!(matches!(outcome(&answer(PbCode::Ok)), Outcome::Ok));
         assert!(matches!(
-            outcome(answer(PbCode::OverLimit)),
+            outcome(&answer(PbCode::OverLimit)),
             Outcome::OverLimit
         ));
         assert!(matches!(
-            outcome(answer(PbCode::Unknown)),
+            outcome(&answer(PbCode::Unknown)),
             Outcome::Error(_)
         ));
-        assert!(matches!(
-            outcome(Bytes::from_static(b"\0\0")),
-            Outcome::Error(_)
-        ));
-        assert!(matches!(
-            outcome(Bytes::from_static(b"\0\0\0\0\x09\x08")),
-            Outcome::Error(_)
-        ));
+        assert!(matches!(outcome(b"\0\0"), Outcome::Error(_)));
+        assert!(matches!(outcome(b"\0\0\0\0\x09\x08"), Outcome::Error(_)));
         // The request frame says its own length.
         let f = frame(&RateLimitRequest {
             domain: "d".into(),

@@ -73,7 +73,8 @@ pub mod delay_proxy;
 // Sub-millisecond waits (the open loop's schedule, the delay proxy).
 pub mod demo;
 mod timer;
-// gRPC calls straight on h2, each key's request encoded once.
+// gRPC calls on the client's own HTTP/2 (a task per connection, one write per wakeup),
+// each key's request encoded once.
 mod grpc_client;
 use grpc_client::{GrpcConn, GrpcTarget};
 // `POST /json` over HTTP/1.1 keep-alive connections.
@@ -847,7 +848,7 @@ impl Conn {
 
     /// A call of request `n` timed out: an HTTP/1.1 connection may still deliver its late
     /// answer as the answer to the next request, so drop it (HTTP/2 matches answers to
-    /// streams and needs nothing).
+    /// streams: the dropped call has reset its stream).
     fn after_timeout(&mut self, n: u64) {
         if let Self::Http(conns) = self
             && let Some(c) = pick(conns, n)
