@@ -705,7 +705,7 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
     gauge(
         encoder,
         "sluice_cluster_dead_floors",
-        "Nodes with a dead or fenced incarnation (their capacity is minted again by an audit)",
+        "Nodes with a dead or fenced incarnation (their capacity is minted again by an audit; a departed joiner's is forgotten after --forget-departed)",
         s.dead.len() as f64,
     )?;
     gauge(

@@ -48,7 +48,8 @@ pub struct ClusterStatus {
     /// keys have state is `coordinated_keys`.
     pub keys: Vec<KeyShareStatus>,
     /// Dead floors: per node, the highest incarnation known dead or fenced (it never holds
-    /// a lease again; its capacity was minted again by an audit).
+    /// a lease again; its capacity was minted again by an audit). A member's are kept; a
+    /// departed joiner's for `--forget-departed`.
     pub dead: Vec<DeadFloor>,
     /// Votes to fence not yet made a fence by a quorum, `(voter, node, incarnation)`.
     pub pending_votes: Vec<(u32, u32, u64)>,
