@@ -143,6 +143,16 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// The least `forget_departed` this spec's lease and cycle allow
+    /// (`sluice_coord::node::Config::least_forget_departed`).
+    #[must_use]
+    pub fn least_forget_departed(&self) -> Duration {
+        Duration::from_nanos(NodeConfig::least_forget_departed(
+            nanos(self.lease),
+            nanos(self.cycle),
+        ))
+    }
+
     /// A spec with the defaults: `gamma: auto`, cycle 100 ms, lease 1 s, strict fallback.
     #[must_use]
     pub fn new(node_id: NodeId, peers: Vec<PeerSpec>, key: PeerKey) -> Self {

@@ -436,6 +436,31 @@ fn exit_status(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus>
     None
 }
 
+/// Runs `sluice serve` with `args` (and `env`), expecting it to stop on its own within 30 s:
+/// its exit status and stderr.
+fn serve_until_exit(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = exit_status(&mut child, 30).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("sluice serve {args:?} kept running")
+    });
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
 /// SIGTERM on a real `sluice serve`: the node hands its capacity to its heir before it
 /// exits, so the survivors hold the whole limit at once — long before the node's lease
 /// (5 s here) would have let them take it — and the process exits cleanly.
@@ -497,26 +522,19 @@ fn a_bad_configuration_stops_serve_with_file_line_and_reason() {
          requests_per_unit: 1\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&file)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--watch", "off"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = exit_status(&mut child, 30).unwrap_or_else(|| {
-        let _ = child.kill();
-        panic!("sluice serve kept running on a bad configuration")
-    });
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = serve_until_exit(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--watch",
+            "off",
+        ],
+        &[],
+    );
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!status.success(), "exited with {status}; stderr:\n{stderr}");
     let at = format!("{}:5:13", file.display());
@@ -704,43 +722,31 @@ fn a_too_short_forget_departed_is_refused_with_the_least_value() {
     )
     .unwrap();
     let peer = format!("1=127.0.0.1:{}", free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&file)
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args([
+    let (status, stderr) = serve_until_exit(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
             "--peer-addr",
             "127.0.0.1:0",
             "--node-id",
             "0",
             "--peers",
             &peer,
-        ])
-        .args([
             "--lease",
             "1s",
             "--cycle",
             "100ms",
             "--forget-departed",
             "10s",
-        ])
-        .args(["--watch", "off"])
-        .env("SLUICE_PEER_KEY", "cluster-cli-test-key-0123456789")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = exit_status(&mut child, 30).unwrap_or_else(|| {
-        let _ = child.kill();
-        panic!("sluice serve kept running with --forget-departed 10s")
-    });
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+            "--watch",
+            "off",
+        ],
+        &[("SLUICE_PEER_KEY", "cluster-cli-test-key-0123456789")],
+    );
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!status.success(), "exited with {status}; stderr:\n{stderr}");
     assert!(

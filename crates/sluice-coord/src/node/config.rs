@@ -133,7 +133,7 @@ pub struct Config {
     /// How long a node keeps the dead floor of a departed joiner (not a member, no link
     /// left): it tells its peers for the first half, then forgets it, so that churn of
     /// joiners' ids leaves no growing state behind (docs/PROTOCOL.md, "Membership"). At
-    /// least `6·lease + 64·cycle`.
+    /// least [`Config::least_forget_departed`].
     pub forget_departed: Nanos,
 }
 
@@ -174,6 +174,17 @@ impl Config {
             audit_every: Some(10_000_000_000),
             forget_departed: 600_000_000_000,
         }
+    }
+
+    /// The least `forget_departed` for `lease` and `cycle`: `6·lease + 64·cycle`. Half of it
+    /// (the time a floor is told) outlasts what it takes a node still linked with the dead
+    /// incarnation to hear of it (16 cycles) or to start again itself (two leases without
+    /// one).
+    #[must_use]
+    pub fn least_forget_departed(lease: Nanos, cycle: Nanos) -> Nanos {
+        lease
+            .saturating_mul(6)
+            .saturating_add(cycle.saturating_mul(64))
     }
 
     /// Where a key's class sits: `key >> CLASS_SHIFT` (its top two bits).
@@ -248,10 +259,7 @@ impl Config {
         if !(self.max_drift.is_finite() && (0.0..0.5).contains(&self.max_drift)) {
             return Err(ConfigError::Invalid("max_drift must be in [0, 0.5)"));
         }
-        // Half of it (the time a floor is told) outlasts what it takes a node still linked
-        // with the dead incarnation to hear of it (16 cycles) or to start again itself
-        // (two leases without one).
-        if self.forget_departed < 6 * self.lease + 64 * self.cycle {
+        if self.forget_departed < Self::least_forget_departed(self.lease, self.cycle) {
             return Err(ConfigError::Invalid(
                 "forget_departed must be at least 6 leases and 64 cycles",
             ));

@@ -57,6 +57,11 @@ impl Node {
         self.cfg.leases == Leases::Quorum
     }
 
+    /// Whether this node is a voting member (a joiner is not).
+    pub(super) fn is_member(&self) -> bool {
+        self.members.binary_search(&self.cfg.id).is_ok()
+    }
+
     /// Whether this incarnation is in its quarantine at `now`.
     pub(super) fn quarantined(&self, now: Nanos) -> bool {
         now < self.quarantine_until
@@ -173,7 +178,7 @@ impl Node {
             .is_some_and(|&v| v >= l.inc);
         // Only a member's echo makes a lease, so only a member's quarantine holds it back (a
         // joiner's echo tells a peer it heard it: `Link::heard_us`).
-        let quarantined = self.quarantined(now) && self.members.binary_search(&self.cfg.id).is_ok();
+        let quarantined = self.quarantined(now) && self.is_member();
         if l.inc == 0 || voted || quarantined {
             0
         } else {
@@ -314,8 +319,7 @@ impl Node {
         self.confirms.clear();
         self.audit.leave_wave();
         self.usable_cache = None;
-        if self.lifecycle == Lifecycle::Joining && self.members.binary_search(&self.cfg.id).is_ok()
-        {
+        if self.lifecycle == Lifecycle::Joining && self.is_member() {
             self.lifecycle = Lifecycle::Active;
         }
         self.own_past_is_dead(now);
@@ -330,9 +334,9 @@ impl Node {
     }
 
     /// The dead floors we tell (in messages and audit readings): the members', our own id's,
-    /// and a departed joiner's for `forget_departed / 2` after it moved here. Told no
-    /// longer, a floor cannot come back to a node that forgot it: every node that learned it
-    /// keeps it for `forget_departed` after it did.
+    /// and a departed joiner's for `forget_departed / 2` after it moved here, so that every
+    /// node that learned it keeps it past the time anyone tells it (docs/PROTOCOL.md,
+    /// "Forgetting the departed").
     pub(super) fn dead_list(&self, now: Nanos) -> Vec<(NodeId, u64)> {
         let told = self.cfg.forget_departed / 2;
         self.dead

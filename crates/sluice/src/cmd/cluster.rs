@@ -134,7 +134,7 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
     spec.cycle = duration("--cycle", &args.cycle)?;
     spec.lease = duration("--lease", &args.lease)?;
     spec.forget_departed = duration("--forget-departed", &args.forget_departed)?;
-    let least = spec.lease * 6 + spec.cycle * 64;
+    let least = spec.least_forget_departed();
     anyhow::ensure!(
         spec.forget_departed >= least,
         "--forget-departed ({:?}) must be at least 6 × --lease + 64 × --cycle ({least:?})",
