@@ -299,3 +299,40 @@ fn a_departed_joiners_datagrams_replayed_after_its_floor_is_forgotten_add_nothin
         assert_eq!(c.node(v).unwrap().link_state(10, c.now()), None, "node {v}");
     }
 }
+
+/// Two processes under one id (A1 broken: two nodes drew one random id, or `--node-id` given
+/// twice). The later one tells its own dead floor, its incarnation − 1, as every node does;
+/// the earlier one hears it through a peer, above its own incarnation, and starts again above
+/// it — above the later one's incarnation too, never on it: two processes with the same id
+/// *and* incarnation would mix their counters on every link.
+#[test]
+fn a_node_that_hears_its_namesakes_floor_starts_above_the_namesake() {
+    use sluice_coord::node::Node;
+    let cfg = |id: NodeId, inc: u64| {
+        let mut c = config(id, vec![(if id == 0 { 1 } else { 0 }, 1.0)]);
+        c.incarnation = inc;
+        c
+    };
+    let mut draw = || 0.5;
+    let mut peer = Node::new(cfg(0, 3), 1).unwrap();
+    let mut first = Node::new(cfg(1, 5), 1).unwrap();
+    let mut second = Node::new(cfg(1, 10), 1).unwrap();
+    // The peer hears the later process of id 1 (and so its floor, 9).
+    second.tick(2, &mut draw);
+    for m in second.ready(2).messages {
+        peer.handle_message(3, 1, m.message, &mut draw);
+    }
+    assert_eq!(peer.dead_floors().get(&1), Some(&9));
+    // The earlier process of id 1 hears the peer's floors.
+    peer.tick(4, &mut draw);
+    for m in peer.ready(4).messages {
+        first.handle_message(5, 0, m.message, &mut draw);
+    }
+    assert_eq!(first.id_conflicts(), 1);
+    assert!(
+        first.incarnation() > second.incarnation(),
+        "started again at {}, the namesake runs {}",
+        first.incarnation(),
+        second.incarnation()
+    );
+}

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -52,11 +52,13 @@ mod directory;
 mod discovery;
 mod gamma;
 mod join;
+mod namesake;
 mod status;
 mod version;
 
 pub use addrs::{PeerAddr, RESOLVE_EVERY, Resolver, SystemResolver, parse_addr, parse_peers};
 pub use discovery::{DiscoverySpec, parse_peers_file};
+pub use namesake::draw_node_id;
 
 use addrs::Addrs;
 use gamma::{AutoGamma, auto_edges, gain};
@@ -93,6 +95,11 @@ pub enum Gamma {
 pub struct ClusterSpec {
     /// This node.
     pub node_id: NodeId,
+    /// `node_id` was drawn at random (no `--node-id`), so no other process of this cluster
+    /// ever ran under it: an incarnation of it above this one is another process that drew
+    /// the same id, and this node gives the id up and joins again under a new one
+    /// (docs/PROTOCOL.md, "Node ids").
+    pub random_id: bool,
     /// Its neighbours (without itself).
     pub peers: Vec<PeerSpec>,
     /// The communication graph over every member, for `gamma: auto`; `None`: every member
@@ -158,6 +165,7 @@ impl ClusterSpec {
     pub fn new(node_id: NodeId, peers: Vec<PeerSpec>, key: PeerKey) -> Self {
         Self {
             node_id,
+            random_id: false,
             peers,
             topology: None,
             key,
@@ -257,7 +265,9 @@ pub struct Cluster<T: Transport = UdpSocket> {
     resolver: Arc<dyn Resolver>,
     resolve_every: Duration,
     key: PeerKey,
-    me: NodeId,
+    /// This node's id: `spec.node_id` unless a random one was taken by another process and
+    /// drawn again (see `redraw`).
+    me: AtomicU32,
     start: Instant,
     counters: Counters,
     cycle: Duration,
@@ -294,6 +304,14 @@ struct Driven {
     logged_incarnation: u64,
     /// Id conflicts last logged (`Node::id_conflicts`).
     logged_conflicts: u64,
+    /// Id conflicts counted by the nodes this process gave up with their random ids.
+    past_conflicts: u64,
+    /// Random ids given up because another process drew them (see `namesake`).
+    redraws: u64,
+    /// Namesake notices heard: another process runs under this node's id (see `namesake`).
+    notices: u64,
+    /// When a namesake notice last went to each peer id.
+    noticed: BTreeMap<NodeId, u64>,
     /// Some incarnation of this process held a lease (a joiner adopts voters only before).
     ever_leased: bool,
     /// Ticks so far (the directory goes every [`join::DIRECTORY_EVERY`]).
@@ -373,7 +391,7 @@ impl<T: Transport> Cluster<T> {
         let versions = Versions::new(spec.wire_version)?;
         let members = spec.voters();
         let links: Vec<(NodeId, f64)> = spec.peers.iter().map(|p| (p.id, p.weight)).collect();
-        let cfg = node_config(spec, members.clone(), links, spec.incarnation)?;
+        let cfg = node_config(spec, spec.node_id, members.clone(), links, spec.incarnation)?;
         let start = Instant::now();
         let node = Node::new(cfg, 1)?;
         let guard = nanos(EXPIRY_GUARD.min(spec.lease / 8));
@@ -408,6 +426,10 @@ impl<T: Transport> Cluster<T> {
                 persisted: spec.incarnation,
                 logged_incarnation: spec.incarnation.max(1),
                 logged_conflicts: 0,
+                past_conflicts: 0,
+                redraws: 0,
+                notices: 0,
+                noticed: BTreeMap::new(),
                 ever_leased: false,
                 ticks: 0,
                 warned: BTreeSet::new(),
@@ -420,7 +442,7 @@ impl<T: Transport> Cluster<T> {
             resolver: spec.resolver.clone(),
             resolve_every: spec.resolve_every,
             key: spec.key.clone(),
-            me: spec.node_id,
+            me: AtomicU32::new(spec.node_id),
             start,
             counters: Counters::default(),
             cycle: spec.cycle,
@@ -431,6 +453,11 @@ impl<T: Transport> Cluster<T> {
             prefer_v4,
             versions,
         }))
+    }
+
+    /// This node's id now.
+    fn me(&self) -> NodeId {
+        self.me.load(Ordering::Relaxed)
     }
 
     /// The node's clock: nanoseconds since start (never 0).
@@ -672,11 +699,12 @@ impl<T: Transport> Cluster<T> {
     /// the queue growing without bound (leases lapsed that way).
     async fn on_datagrams(&self, buf: &mut [u8], n: usize, src: SocketAddr) {
         let mut messages = Vec::new();
+        let mut strays = Vec::new();
         let mut out = Vec::new();
-        self.accept(&buf[..n], src, &mut messages, &mut out);
+        self.accept(&buf[..n], src, &mut messages, &mut strays, &mut out);
         for _ in 1..BATCH {
             match self.socket.try_recv_from(buf) {
-                Ok((n, src)) => self.accept(&buf[..n], src, &mut messages, &mut out),
+                Ok((n, src)) => self.accept(&buf[..n], src, &mut messages, &mut strays, &mut out),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(_) => {}
             }
@@ -686,21 +714,28 @@ impl<T: Transport> Cluster<T> {
             let now = self.now();
             let Driven { node, rng, .. } = &mut *d;
             node.handle_messages(now, messages, &mut || rng.next_f64());
+            if !strays.is_empty() {
+                out.extend(self.notices(&mut d, &strays, now));
+            }
             out.extend(self.collect(&mut d, now));
         }
         self.send(out).await;
     }
 
-    /// Opens one datagram: a coordination message joins `messages`; a directory is answered
-    /// into `out`; anything else is counted and dropped.
+    /// Opens one datagram: a coordination message joins `messages` (and `strays` too, with
+    /// its sender's incarnation, when it came from elsewhere than where we send to its
+    /// sender: see `namesake`); a directory is answered into `out`; a namesake notice is
+    /// taken; anything else is counted and dropped.
     fn accept(
         &self,
         datagram: &[u8],
         src: SocketAddr,
         messages: &mut Vec<(NodeId, wire::Message)>,
+        strays: &mut Vec<(NodeId, u64, SocketAddr)>,
         out: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
-        let Ok((from, to, payload)) = peer::open_any(&self.key, self.me, directory::ANY, datagram)
+        let Ok((from, to, payload)) =
+            peer::open_any(&self.key, self.me(), directory::ANY, datagram)
         else {
             self.counters
                 .rejected_unauthenticated
@@ -711,7 +746,11 @@ impl<T: Transport> Cluster<T> {
             out.extend(self.on_directory(from, to, payload, src));
             return;
         }
-        if to != self.me || from == self.me {
+        if payload.first() == Some(&namesake::NOTICE) {
+            self.on_notice(from, to, payload);
+            return;
+        }
+        if to != self.me() || from == self.me() {
             // A coordination message names its recipient.
             self.counters
                 .rejected_unauthenticated
@@ -752,6 +791,9 @@ impl<T: Transport> Cluster<T> {
         self.counters
             .bytes_received
             .fetch_add(datagram.len() as u64, Ordering::Relaxed);
+        if self.addrs.get(from) != Some(src) {
+            strays.push((from, msg.from_inc, src));
+        }
         messages.push((from, msg));
     }
 
@@ -761,6 +803,10 @@ impl<T: Transport> Cluster<T> {
     /// The limits applied are those of `now + guard`: enforcement only ever drops with time
     /// (at the lease's end), so looking ahead only stops earlier, never later.
     fn collect(&self, d: &mut Driven, now: u64) -> Vec<(SocketAddr, Vec<u8>)> {
+        // A dead floor above our incarnation: with a random id, another process has it.
+        if d.node.id_conflicts() > d.logged_conflicts && self.spec.random_id {
+            self.redraw(d, now);
+        }
         let node = &mut d.node;
         let ahead = now.saturating_add(self.guard);
         let ready = node.ready(ahead);
@@ -781,7 +827,7 @@ impl<T: Transport> Cluster<T> {
         let inc = node.incarnation();
         if node.id_conflicts() > d.logged_conflicts {
             tracing::error!(
-                node = self.me,
+                node = self.me(),
                 incarnation = inc,
                 "a peer knows an incarnation of this node's id above this one: another process \
                  runs with this --node-id, or the incarnation went backwards (a --state-file \
@@ -793,7 +839,7 @@ impl<T: Transport> Cluster<T> {
             // Fenced while cut off, or two leases without a lease: the node starts again
             // holding its reservation (docs/PROTOCOL.md, "Starting again").
             tracing::warn!(
-                node = self.me,
+                node = self.me(),
                 incarnation = inc,
                 previous = d.logged_incarnation,
                 "started again as a new incarnation: fenced by a quorum, or long without a lease"
@@ -828,7 +874,7 @@ impl<T: Transport> Cluster<T> {
             // A message too large for one datagram is dropped: like a lost one it only
             // delays (the next one carries the same counters). See docs/PROTOCOL.md.
             let payload = self.versions.encode(m.to, &m.message);
-            match peer::seal(&self.key, self.me, m.to, &payload) {
+            match peer::seal(&self.key, self.me(), m.to, &payload) {
                 Ok(d) => out.push((addr, d)),
                 Err(e) => {
                     self.counters.oversized.fetch_add(1, Ordering::Relaxed);
@@ -870,14 +916,15 @@ fn lease_end(node: &Node, now: u64) -> Option<u64> {
     node.lease_until().filter(|&end| end > now)
 }
 
-/// The node's configuration from `spec`, with these voters, links and incarnation.
+/// The node's configuration from `spec`, with this id, these voters, links and incarnation.
 fn node_config(
     spec: &ClusterSpec,
+    id: NodeId,
     members: Vec<NodeId>,
     links: Vec<(NodeId, f64)>,
     incarnation: u64,
 ) -> Result<NodeConfig, ClusterError> {
-    let mut cfg = NodeConfig::new(spec.node_id, members, links, SCALE);
+    let mut cfg = NodeConfig::new(id, members, links, SCALE);
     cfg.incarnation = incarnation.max(1);
     // A key's measure is its rule's `fairness`, read from the key's class
     // (`Fairness::key`): Case I for class 0, max-min and Case II for the others.

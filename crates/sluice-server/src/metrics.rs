@@ -27,7 +27,7 @@
 //! | `sluice_cluster_peer_wire_version` | gauge | `peer` |
 //! | `sluice_cluster_share`, `sluice_cluster_limit`, `sluice_cluster_demand` | gauge | `key`, `domain`, `rule` |
 //! | `sluice_cluster_default_share`, `sluice_cluster_gamma`, `sluice_cluster_cycle_seconds`, `sluice_cluster_dead_floors`, `sluice_cluster_pending_votes`, `sluice_cluster_quarantine_seconds`, `sluice_cluster_audit_minted_share` | gauge | |
-//! | `sluice_cluster_audit_rounds_total`, `sluice_cluster_incarnation_conflicts_total` | counter | (the second: dead floors heard above this node's own incarnation: another process with its id, or an incarnation that went backwards) |
+//! | `sluice_cluster_audit_rounds_total`, `sluice_cluster_incarnation_conflicts_total`, `sluice_cluster_node_id_redraws_total` | counter | (the second: dead floors heard above this node's own incarnation: another process with its id, or an incarnation that went backwards; the third: random node ids given up because another process drew the same one) |
 //! | `sluice_cluster_keys`, `sluice_cluster_max_keys` | gauge | (keys with coordinated state, and the cap: docs/PROTOCOL.md "Many keys") |
 //! | `sluice_cluster_keys_refused_total`, `sluice_cluster_keys_evicted_total`, `sluice_cluster_keys_over_cap_total` | counter | (refused coordination at the cap; idle keys retired early at the cap; keys given state beyond the cap because an entry held capacity) |
 //! | `sluice_peer_messages_total`, `sluice_peer_bytes_total` | counter | `direction` (`sent`, `received`) |
@@ -790,6 +790,15 @@ fn encode_cluster(encoder: &mut DescriptorEncoder<'_>, s: &ClusterStatus) -> fmt
             counter.metric_type(),
         )?;
         ConstCounter::new(s.incarnation_conflicts).encode(m)?;
+    }
+    {
+        let m = encoder.encode_descriptor(
+            "sluice_cluster_node_id_redraws",
+            "Random node ids this process gave up because another process drew the same one",
+            None,
+            counter.metric_type(),
+        )?;
+        ConstCounter::new(s.node_id_redraws).encode(m)?;
     }
     gauge(
         encoder,

@@ -61,9 +61,13 @@ pub struct ClusterStatus {
     /// the root, and only after overlapping failures.
     pub audit_minted_share: f64,
     /// Dead floors for this node's own id above its incarnation that it heard (and started
-    /// again above): another process runs with this node's id, or its incarnation went
+    /// again above), and namesake notices (a peer hears a later incarnation of this id
+    /// elsewhere): another process runs with this node's id, or its incarnation went
     /// backwards (a state file added after starts from the clock). Should stay 0.
     pub incarnation_conflicts: u64,
+    /// Random node ids this process gave up because another process had drawn the same
+    /// one (docs/PROTOCOL.md, "Node ids"); `node_id` is the current one. Should stay 0.
+    pub node_id_redraws: u64,
     /// Keys with coordinated state and their cap (JSON: fields of this object).
     #[serde(flatten)]
     pub cap: KeyCap,
@@ -151,6 +155,7 @@ impl ClusterStatus {
             audit_rounds: 0,
             audit_minted_share: 0.0,
             incarnation_conflicts: 0,
+            node_id_redraws: 0,
             cap: KeyCap::default(),
             peer: PeerCounters::default(),
             membership: MembershipStatus::default(),

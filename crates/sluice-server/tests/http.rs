@@ -710,6 +710,7 @@ fn clustered() -> ClusterStatus {
     s.peer.unaddressed = 3;
     s.audit_rounds = 4;
     s.incarnation_conflicts = 2;
+    s.node_id_redraws = 1;
     s.audit_minted_share = 0.125;
     s
 }
@@ -809,6 +810,10 @@ async fn health_readiness_and_cluster_status() {
         assert_eq!(
             m.get("sluice_cluster_incarnation_conflicts_total", &[]),
             Some(2.0)
+        );
+        assert_eq!(
+            m.get("sluice_cluster_node_id_redraws_total", &[]),
+            Some(1.0)
         );
         assert_eq!(m.get("sluice_cluster_audit_minted_share", &[]), Some(0.125));
         fake.0.lock().unwrap().lease = "expired".into();

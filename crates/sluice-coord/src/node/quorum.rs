@@ -257,10 +257,13 @@ impl Node {
                 // A floor above our incarnation: an incarnation of our id above ours ran, so
                 // A1 or A3 does not hold (two processes with one id, or ours went backwards:
                 // a state file added after starts from the clock). Start again above it, or
-                // every peer would ignore us for ever; counted for the operator.
+                // every peer would ignore us for ever; counted for the operator. Above the
+                // floor's next one too: a node tells its own floor as its incarnation − 1,
+                // so that one may be live in another process, and two processes must never
+                // share an incarnation (their counters would mix on every link).
                 if inc > self.inc {
                     self.id_conflicts += 1;
-                    self.inc = inc;
+                    self.inc = inc + 1;
                 }
                 self.reincarnate(now);
             }

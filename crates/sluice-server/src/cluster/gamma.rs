@@ -140,7 +140,7 @@ impl<T: crate::peer::Transport> super::Cluster<T> {
         if now < d.node.config().lease {
             return;
         }
-        let mut live = BTreeSet::from([self.me]);
+        let mut live = BTreeSet::from([self.me()]);
         let mut degree = 0.0;
         // The configured peers, and (every node linking every other, no topology given)
         // the nodes that joined at run time.
@@ -155,7 +155,7 @@ impl<T: crate::peer::Transport> super::Cluster<T> {
             .map(|p| (p.id, p.weight))
             .chain(joined.iter().flatten().map(|&(id, _)| (id, 1.0)));
         for (id, weight) in candidates {
-            if id != self.me
+            if id != self.me()
                 && !live.contains(&id)
                 && matches!(
                     d.node.link_state(id, now),
@@ -180,12 +180,12 @@ impl<T: crate::peer::Transport> super::Cluster<T> {
         } else {
             auto
         };
-        match auto_gain(self.me, &live, auto, degree, false) {
+        match auto_gain(self.me(), &live, auto, degree, false) {
             Ok(Some(g)) => {
                 d.gamma_auto = Some(g);
                 let applied = apply_gamma(&mut d.node, g, now);
                 tracing::info!(
-                    node = self.me,
+                    node = self.me(),
                     live = ?live,
                     gamma_auto = g,
                     previous = ?old,
@@ -196,10 +196,10 @@ impl<T: crate::peer::Transport> super::Cluster<T> {
             }
             // Alone: nobody to give to, γ is moot; keep the last value.
             Ok(None) => {
-                tracing::info!(node = self.me, live = ?live, "membership changed: no live neighbour");
+                tracing::info!(node = self.me(), live = ?live, "membership changed: no live neighbour");
             }
             Err(e) => {
-                tracing::warn!(node = self.me, live = ?live, error = %e, "cannot recompute gamma");
+                tracing::warn!(node = self.me(), live = ?live, error = %e, "cannot recompute gamma");
             }
         }
         d.live = live;

@@ -30,7 +30,7 @@ pub(super) const DIRECTORY_EVERY: u64 = 10;
 impl<T: Transport> Cluster<T> {
     /// Records where `id` is (learned at run time); `false` when the table is full.
     pub(super) fn learn(&self, id: NodeId, addr: SocketAddr, how: &str) -> bool {
-        if id == self.me || id == ANY {
+        if id == self.me() || id == ANY {
             return false;
         }
         self.addrs.learn(id, addr, how, MAX_LINKS);
@@ -44,7 +44,7 @@ impl<T: Transport> Cluster<T> {
         let known = m
             .live
             .iter()
-            .filter(|&&(p, _)| p != self.me)
+            .filter(|&&(p, _)| p != self.me())
             .filter_map(|&(p, _)| Some((p, self.addrs.get(p)?)))
             .take(directory::MAX_LISTED)
             .collect();
@@ -72,7 +72,7 @@ impl<T: Transport> Cluster<T> {
         for (id, addr) in self.addrs.all() {
             let Some(addr) = addr else { continue };
             at_known.insert(addr);
-            if let Ok(dg) = peer::seal(&self.key, self.me, id, &payload) {
+            if let Ok(dg) = peer::seal(&self.key, self.me(), id, &payload) {
                 out.push((addr, dg));
             }
         }
@@ -81,7 +81,7 @@ impl<T: Transport> Cluster<T> {
             if at_known.contains(&addr) || Some(addr) == local {
                 continue;
             }
-            if let Ok(dg) = peer::seal(&self.key, self.me, ANY, &payload) {
+            if let Ok(dg) = peer::seal(&self.key, self.me(), ANY, &payload) {
                 out.push((addr, dg));
             }
         }
@@ -105,7 +105,7 @@ impl<T: Transport> Cluster<T> {
                 .fetch_add(1, Ordering::Relaxed);
             return Vec::new();
         };
-        if from == self.me || from == ANY {
+        if from == self.me() || from == ANY {
             // Discovery found our own address (a DNS name lists every pod, us included).
             return Vec::new();
         }
@@ -121,7 +121,7 @@ impl<T: Transport> Cluster<T> {
                 .fetch_add(1, Ordering::Relaxed);
             if d.warned.insert(from) {
                 tracing::warn!(
-                    node = self.me,
+                    node = self.me(),
                     peer = from,
                     addr = %src,
                     theirs = ?dir.voters,
@@ -146,7 +146,7 @@ impl<T: Transport> Cluster<T> {
             linked.push(from);
         }
         for &(id, addr) in &dir.known {
-            if id != self.me
+            if id != self.me()
                 && id != ANY
                 && self.learn(id, addr, &format!("gossip:{from}"))
                 && d.node.add_peer(id, weight, now)
@@ -157,7 +157,7 @@ impl<T: Transport> Cluster<T> {
         let new = !linked.is_empty();
         if new {
             tracing::info!(
-                node = self.me,
+                node = self.me(),
                 from,
                 ?linked,
                 "linked with nodes found at run time"
@@ -179,7 +179,7 @@ impl<T: Transport> Cluster<T> {
         now: u64,
     ) -> Vec<(SocketAddr, Vec<u8>)> {
         let payload = self.directory(d, now).encode();
-        peer::seal(&self.key, self.me, to, &payload)
+        peer::seal(&self.key, self.me(), to, &payload)
             .map(|dg| vec![(addr, dg)])
             .unwrap_or_default()
     }
@@ -191,7 +191,7 @@ impl<T: Transport> Cluster<T> {
             || d.ever_leased
             || !dir.leased
             || dir.voters.is_empty()
-            || dir.voters.binary_search(&self.me).is_ok()
+            || dir.voters.binary_search(&self.me()).is_ok()
         {
             return false;
         }
@@ -200,14 +200,14 @@ impl<T: Transport> Cluster<T> {
         let mut links: Vec<(NodeId, f64)> = self.peers.values().map(|p| (p.id, p.weight)).collect();
         links.retain(|&(p, _)| p != from);
         links.push((from, weight));
-        let Ok(cfg) = node_config(&self.spec, dir.voters.clone(), links, inc) else {
+        let Ok(cfg) = node_config(&self.spec, self.me(), dir.voters.clone(), links, inc) else {
             return false;
         };
         let Ok(node) = Node::new(cfg, now) else {
             return false;
         };
         tracing::info!(
-            node = self.me,
+            node = self.me(),
             voters = ?dir.voters,
             from,
             incarnation = inc,

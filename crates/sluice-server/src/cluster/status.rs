@@ -43,7 +43,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
         ids.extend(self.addrs.all().into_iter().map(|(id, _)| id));
         ids.extend(m.live.iter().map(|&(p, _)| p));
         ids.extend(m.voters.iter().copied());
-        ids.remove(&self.me);
+        ids.remove(&self.me());
         let members = ids
             .into_iter()
             .map(|id| {
@@ -82,7 +82,7 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
             .collect();
         let c = &self.counters;
         let mut status = ClusterStatus {
-            node_id: self.me,
+            node_id: self.me(),
             incarnation: node.incarnation(),
             lifecycle: lifecycle_name(node.lifecycle()).into(),
             lease: match node.lease_state(now) {
@@ -113,7 +113,8 @@ impl<T: Transport> ClusterInfo for Cluster<T> {
                 .collect(),
             audit_rounds: node.audit_stats().0,
             audit_minted_share: node.audit_stats().1 as f64 / SCALE as f64,
-            incarnation_conflicts: node.id_conflicts(),
+            incarnation_conflicts: d.past_conflicts + node.id_conflicts() + d.notices,
+            node_id_redraws: d.redraws,
             cap: crate::status::KeyCap::of(node),
             peer: PeerCounters {
                 messages_sent: c.messages_sent.load(Ordering::Relaxed),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use sluice_server::cluster::{
-    ClusterSpec, DiscoverySpec, Gamma, parse_addr, parse_fallback, parse_peers,
+    ClusterSpec, DiscoverySpec, Gamma, draw_node_id, parse_addr, parse_fallback, parse_peers,
 };
 use sluice_server::peer::PeerKey;
 
@@ -23,17 +23,6 @@ pub(super) fn peer_key(file: Option<&Path>) -> anyhow::Result<PeerKey> {
         })?,
     };
     Ok(PeerKey::from_text(&text)?)
-}
-
-/// A node id nobody else picks without coordination: random, in the upper half of the ids
-/// (configured ids are usually small), never the "any node" id.
-fn random_node_id() -> u32 {
-    loop {
-        let id = rand::random::<u32>() | 0x8000_0000;
-        if id != u32::MAX {
-            return id;
-        }
-    }
 }
 
 /// The cluster spec of `args`, and the peer socket's address; `None` without peers.
@@ -86,7 +75,10 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
                 peers.is_empty(),
                 "--node-id is needed with ID=HOST:PORT peers (ids are given, so this one must be)"
             );
-            random_node_id()
+            // Nobody else picks it without coordination, and if someone does, one of the two
+            // draws again (`ClusterSpec::random_id`).
+            args.test_random_node_id
+                .unwrap_or_else(|| draw_node_id(rand::random, |_| false))
         }
     };
     // One list for every member (e.g. a StatefulSet's pods share their arguments).
@@ -96,6 +88,7 @@ pub(super) fn cluster_spec(args: &Args) -> anyhow::Result<Option<(ClusterSpec, S
         "--peers: no peer other than this node given"
     );
     let mut spec = ClusterSpec::new(id, peers, peer_key(args.peer_key_file.as_deref())?);
+    spec.random_id = args.node_id.is_none();
     spec.discovery = discovery;
     if let Some(list) = &args.members {
         let mut members = Vec::new();

@@ -39,6 +39,11 @@ pub(crate) struct Args {
     /// coordination.
     #[arg(long, value_name = "ID")]
     pub(super) node_id: Option<u32>,
+    /// Testing: start with this id as if it had been drawn at random (given up, as a drawn
+    /// one is, when another process turns out to hold it), to rehearse two nodes drawing
+    /// the same random id.
+    #[arg(long, value_name = "ID", hide = true, conflicts_with = "node_id")]
+    pub(super) test_random_node_id: Option<u32>,
     /// The peers: ID=HOST:PORT[@WEIGHT],… (their peer addresses; this node's own entry, if
     /// listed, is skipped, so every node can take the same list), or HOST:PORT seeds whose
     /// ids are learned (a running cluster to join). Starts a cluster. A HOST given by name

@@ -360,3 +360,110 @@ fn churn_of_random_ids_leaves_no_dead_floors_behind() {
         "{name}: the voters' shares add up to {s} L\n{statuses}"
     );
 }
+
+/// Two joiners draw the same random id (forced: `--test-random-node-id`), the second while
+/// the first serves its clients. A random id is never reused by a restart, so the first to
+/// hear an incarnation of its id above its own knows another process holds it: it gives the
+/// id up and joins again under a new random id (docs/PROTOCOL.md, "Node ids"). Within a few
+/// cycles the two run under different ids, both hold a lease and serve their clients, the
+/// id conflicts stop, no 1 s window admits more than `L + burst`, and the shares add up to
+/// `L`. (Without the redraw the two leapfrog each other's incarnations for as long as they
+/// run, each fencing the other in turn.)
+#[test]
+fn two_joiners_that_draw_one_random_id_end_with_two() {
+    let _one = serial();
+    let name = "random-id-collision";
+    const ID: &str = "3000000000";
+    let (mut c, origin, mut loads) = voters_under_load(name);
+    let first = c.add_joiner_with(Find::Seed(0), &["--test-random-node-id", ID]);
+    loads.push(load(origin, &c, first, 0.1 * LIMIT as f64));
+    std::thread::sleep(2 * SEC);
+    let at = origin.elapsed();
+    let second = c.add_joiner_with(Find::Seed(1), &["--test-random-node-id", ID]);
+    loads.push(load(origin, &c, second, 0.1 * LIMIT as f64));
+    let id_of = |c: &Cluster, i: usize| c.status(i).and_then(|s| s["node_id"].as_u64());
+    let mut distinct = None;
+    while origin.elapsed() < at + 10 * SEC {
+        if let (Some(a), Some(b)) = (id_of(&c, first), id_of(&c, second))
+            && a != b
+        {
+            distinct = Some(origin.elapsed() - at);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Settled: the newcomer under its own id earns its share within lease + 3 cycles.
+    std::thread::sleep(bound() + SEC);
+    let settled = origin.elapsed();
+    let conflicts =
+        |c: &Cluster| [first, second].map(|i| c.status_u64(i, &["incarnation_conflicts"]));
+    let conflicts_then = conflicts(&c);
+    std::thread::sleep(3 * SEC);
+    let conflicts_now = conflicts(&c);
+    let redraws = [first, second].map(|i| c.status_u64(i, &["node_id_redraws"]));
+    let ids = [first, second].map(|i| id_of(&c, i));
+    let leases = [first, second].map(|i| {
+        c.status(i)
+            .and_then(|s| s["lease"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    });
+    let shares = c.total_share();
+    let statuses = c.statuses();
+    let r = loads
+        .into_iter()
+        .map(Load::finish)
+        .reduce(Record::merge)
+        .expect("loads");
+    let most = assert_no_overshoot(name, &r, 5);
+    let late: Vec<Duration> = [first, second]
+        .iter()
+        .flat_map(|&i| refused(&r, Some(i), settled, r.end))
+        .collect();
+    report(
+        name,
+        &[
+            ("ids", format!("{ids:?}")),
+            (
+                "distinct_after_ms",
+                format!("{:?}", distinct.map(|d| d.as_millis())),
+            ),
+            ("node_id_redraws", format!("{redraws:?}")),
+            (
+                "conflicts_settled_then_3s_later",
+                format!("{conflicts_then:?} {conflicts_now:?}"),
+            ),
+            ("leases", format!("{leases:?}")),
+            ("refused_after_settling", late.len().to_string()),
+            ("max_1s_window", most.to_string()),
+            ("shares_at_end", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        distinct.is_some() && ids[0] != ids[1] && ids.iter().all(Option::is_some),
+        "{name}: the two joiners still share an id: {ids:?}\n{statuses}"
+    );
+    assert_eq!(
+        redraws.iter().sum::<u64>(),
+        1,
+        "{name}: exactly one of the two draws again: {redraws:?}"
+    );
+    assert_eq!(
+        conflicts_then, conflicts_now,
+        "{name}: the id conflicts go on after the redraw\n{statuses}"
+    );
+    assert!(
+        leases.iter().all(|l| l == "valid"),
+        "{name}: leases {leases:?}\n{statuses}"
+    );
+    assert!(
+        late.is_empty(),
+        "{name}: the joiners refused {} requests after settling: {:?}\n{statuses}",
+        late.len(),
+        &late[..late.len().min(10)]
+    );
+    let s = shares.unwrap_or_else(|| panic!("{name}: a live node did not answer"));
+    assert!(
+        (0.999..=1.0 + 1e-9).contains(&s),
+        "{name}: the live nodes' shares add up to {s} L\n{statuses}"
+    );
+}

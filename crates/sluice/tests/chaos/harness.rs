@@ -228,6 +228,11 @@ impl Cluster {
     /// Adds a node that joins the running cluster (no id of its own: a random one; its
     /// voters from the cluster it finds), starts it and waits until it answers.
     pub(crate) fn add_joiner(&mut self, find: Find) -> usize {
+        self.add_joiner_with(find, &[])
+    }
+
+    /// [`Cluster::add_joiner`] with more arguments for the joiner.
+    pub(crate) fn add_joiner_with(&mut self, find: Find, extra: &[&str]) -> usize {
         let free = |tcp: bool| {
             if tcp {
                 std::net::TcpListener::bind("127.0.0.1:0")
@@ -242,7 +247,7 @@ impl Cluster {
             }
         };
         let id = self.nodes.len();
-        let flags = match find {
+        let mut flags = match find {
             Find::Seed(n) => vec!["--peers".into(), self.peers[n].to_string()],
             Find::Dns(n) => vec![
                 "--peers-dns".into(),
@@ -259,6 +264,7 @@ impl Cluster {
                 vec!["--peers-file".into(), path.display().to_string()]
             }
         };
+        flags.extend(extra.iter().map(|a| (*a).to_owned()));
         self.peers.push(free(false));
         self.addrs.push((free(true), free(true)));
         self.nodes.push(None);
