@@ -194,7 +194,11 @@ mod tests {
         let good = encode(7);
         assert_eq!(decode(&good[..8]), None, "short");
         assert_eq!(decode(&[&good[..], &[0]].concat()), None, "long");
-        assert_eq!(decode(&[0xD1, 0, 0, 0, 0, 0, 0, 0, 7]), None, "a directory's tag");
+        assert_eq!(
+            decode(&[0xD1, 0, 0, 0, 0, 0, 0, 0, 7]),
+            None,
+            "a directory's tag"
+        );
         assert_eq!(decode(&[]), None);
     }
 

@@ -467,3 +467,67 @@ fn two_joiners_that_draw_one_random_id_end_with_two() {
         "{name}: the live nodes' shares add up to {s} L\n{statuses}"
     );
 }
+
+/// An operator starts a second process with node 1's `--node-id` and `--peers` while node 1
+/// runs (a copied command line). The peers take the newcomer for node 1's restart; node 1
+/// hears its own id's floor above its incarnation and starts again above the newcomer's;
+/// the peers then hold the newcomer's incarnation dead and tell it so with a namesake notice
+/// (docs/PROTOCOL.md, "Node ids"). A configured id is not given up: the newcomer logs the
+/// conflict as an error, counts it, and stays cut off on its fallback. Node 1 serves its
+/// clients again within `lease + 3 cycles`, no 1 s window admits more than `L + burst`, and
+/// the three voters' shares add up to `L`.
+#[test]
+fn a_node_id_given_twice_is_reported_and_keeps_the_limit() {
+    let _one = serial();
+    let name = "node-id-twice";
+    let (mut c, origin, mut loads) = voters_under_load(name);
+    let at = origin.elapsed();
+    let twin = c.add_joiner_with(Find::Same(1), &[]);
+    loads.push(load(origin, &c, twin, 0.1 * LIMIT as f64));
+    std::thread::sleep(6 * SEC);
+    let twin_status = c.status(twin).unwrap_or_default();
+    let conflicts = twin_status["incarnation_conflicts"].as_u64().unwrap_or(0);
+    let twin_lease = twin_status["lease"].as_str().unwrap_or("").to_owned();
+    let shares: Option<f64> = (0..3).map(|i| c.share(i)).sum();
+    let statuses = c.statuses();
+    let log = std::fs::read_to_string(c.dir.join(format!("node{twin}.log"))).unwrap_or_default();
+    let reported = log.contains("another process runs with this --node-id");
+    let r = loads
+        .into_iter()
+        .map(Load::finish)
+        .reduce(Record::merge)
+        .expect("loads");
+    let most = assert_no_overshoot(name, &r, 4);
+    let node1_late = refused(&r, Some(1), at + bound(), r.end);
+    report(
+        name,
+        &[
+            ("twin_conflicts", conflicts.to_string()),
+            ("twin_lease", twin_lease.clone()),
+            ("twin_logged_the_conflict", reported.to_string()),
+            ("node_1_refused_after_bound", node1_late.len().to_string()),
+            ("max_1s_window", most.to_string()),
+            ("voters_shares", format!("{shares:?}")),
+        ],
+    );
+    assert!(
+        conflicts >= 1 && reported,
+        "{name}: the second process did not report the conflict ({conflicts})\n{statuses}"
+    );
+    assert_eq!(
+        twin_lease, "expired",
+        "{name}: the second process holds a lease"
+    );
+    assert!(
+        node1_late.is_empty(),
+        "{name}: node 1 refused {} requests after {:?}: {:?}\n{statuses}",
+        node1_late.len(),
+        bound(),
+        &node1_late[..node1_late.len().min(10)]
+    );
+    let s = shares.unwrap_or_else(|| panic!("{name}: a voter did not answer"));
+    assert!(
+        (0.999..=1.0 + 1e-9).contains(&s),
+        "{name}: the voters' shares add up to {s} L\n{statuses}"
+    );
+}

@@ -148,6 +148,9 @@ pub(crate) enum Find {
     File,
     /// `--peers-dns localhost:PORT` of one running node.
     Dns(usize),
+    /// Founding node `n`'s own `--node-id` and `--peers` (an operator's mistake: two
+    /// processes with one configured id).
+    Same(usize),
 }
 
 impl Cluster {
@@ -252,6 +255,16 @@ impl Cluster {
             Find::Dns(n) => vec![
                 "--peers-dns".into(),
                 format!("localhost:{}", self.peers[n].port()),
+            ],
+            Find::Same(n) => vec![
+                "--node-id".into(),
+                n.to_string(),
+                "--peers".into(),
+                (0..self.founding)
+                    .filter(|&j| j != n)
+                    .map(|j| format!("{j}={}", self.peers[j]))
+                    .collect::<Vec<_>>()
+                    .join(","),
             ],
             Find::File => {
                 let path = self.dir.join("peers.txt");
