@@ -336,3 +336,29 @@ fn a_node_that_hears_its_namesakes_floor_starts_above_the_namesake() {
         second.incarnation()
     );
 }
+
+/// A directory sent just before its sender fenced a crashed joiner reaches a voter just after
+/// that voter fenced it (seen on real processes: the two fall on the same cycle): the voter
+/// links with the dead joiner again (`Node::add_peer`). That link never hears anything, so
+/// it goes after two leases, and the joiner's floor is forgotten as any departed one's. (It
+/// used to stay for ever, and keep the floor with it.)
+#[test]
+fn a_link_to_a_fenced_joiner_made_again_by_a_late_directory_goes_and_its_floor_too() {
+    let mut c = voters();
+    join(&mut c, 10, 0.2 * LIMIT as f64);
+    c.apply(Step::Run(30));
+    c.apply(Step::Crash(10));
+    c.apply(Step::Run(LEASE / CYCLE + 12));
+    assert_eq!(c.node(0).unwrap().dead_floors().get(&10), Some(&1));
+    let (n, now) = c.node_mut(0).unwrap();
+    assert!(
+        n.add_peer(10, 1.0, now),
+        "the late directory links it again"
+    );
+    c.apply(Step::Run(2 * FORGET / CYCLE));
+    let n = c.node(0).unwrap();
+    assert_eq!(n.link_state(10, c.now()), None, "the unheard link is gone");
+    assert_eq!(n.dead_floors().get(&10), None, "its floor is forgotten");
+    assert_eq!(c.sum_own(KEY), LIMIT);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+}

@@ -359,6 +359,32 @@ impl Node {
     /// made at run time counts nothing before the peer echoes it, `Link::heard_us`). So
     /// churn of joiners' ids leaves no growing state behind.
     fn forget_departed(&mut self, now: Nanos) {
+        // A link made at run time that has heard nothing from its peer for two leases (a
+        // node listed in a directory that died before we heard it, or just after we fenced
+        // it) holds nothing on either side: it counts and gives only once heard
+        // (`Link::heard_us`). It goes, so that memory follows the live membership and the
+        // id's floor can be forgotten. A directory that lists the node again makes it again.
+        let quiet = 2 * self.cfg.lease;
+        let unheard: Vec<NodeId> = self
+            .links
+            .iter()
+            .filter(|&(p, l)| {
+                l.opened != 0
+                    && l.inc == 0
+                    && now.saturating_sub(l.opened) >= quiet
+                    && self.members.binary_search(p).is_err()
+            })
+            .map(|(&p, _)| p)
+            .collect();
+        for p in unheard {
+            for ks in self.keys.values_mut() {
+                ks.fold(p);
+            }
+            self.links.remove(&p);
+            self.confirms.remove(&p);
+            self.pending_folds.retain(|&(q, _), _| q != p);
+            self.usable_cache = None;
+        }
         let after = self.cfg.forget_departed;
         let (links, dead) = (&self.links, &mut self.dead);
         self.departed.retain(|n, &mut t| {
