@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 # The Redis backend's tests run against a real redis-server (and redis-cli for the cluster);
 # the chaos suite (crates/sluice/tests/chaos) cuts links between real daemons with iptables
 # on loopback, signals them with kill (procps) and skews a node's clock with faketime.
+# scripts/test-image.sh, last, installs podman, runc and debootstrap for the image's test.
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v redis-cli >/dev/null 2>&1 || missing="$missing redis-tools"
@@ -34,3 +35,6 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 echo "== tests (unit, integration, property, concurrency models, doc examples)"
 cargo test --workspace --all-features --locked
+
+echo "== the container image: deploy/Dockerfile built and run as the StatefulSet runs it"
+bash scripts/test-image.sh

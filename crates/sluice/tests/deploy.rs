@@ -3,7 +3,8 @@
 //! `sluice serve`, the Envoy example asks for the descriptors the ConfigMap limits, and the
 //! StatefulSet's command line — with the pod's environment substituted and every listen
 //! address moved to 127.0.0.1 — starts a real three-node cluster that keeps the ConfigMap's
-//! cluster limit.
+//! cluster limit. Two more tests, ignored unless `scripts/test-image.sh` runs them, do the
+//! same with the image built from the Dockerfile, and check the image itself.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -407,6 +408,21 @@ fn the_dockerfile_runs_sluice_serve() {
             }
         }
     }
+    // The builder's toolchain is the workspace's `rust-version`.
+    let cargo = std::fs::read_to_string(deploy_dir().join("../Cargo.toml")).unwrap();
+    let rust = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .expect("rust-version in Cargo.toml")
+        .trim_matches('"');
+    let builder_image = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("ARG BUILDER_IMAGE="))
+        .expect("ARG BUILDER_IMAGE");
+    assert!(
+        builder_image.starts_with(&format!("rust:{rust}-")),
+        "{builder_image}: the workspace asks for Rust {rust}"
+    );
     let stages: Vec<usize> = (0..lines.len())
         .filter(|&i| lines[i].starts_with("FROM "))
         .collect();
@@ -592,10 +608,12 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, 
     Some((status, body))
 }
 
-/// The nodes' processes, killed when dropped (a failed assertion included).
+/// The nodes' processes, killed when dropped (a failed assertion included); with an image,
+/// the container engine and the containers' names, removed too.
 struct Nodes {
     children: Vec<Child>,
     dir: PathBuf,
+    containers: Option<(String, Vec<String>)>,
 }
 
 impl Nodes {
@@ -611,6 +629,14 @@ impl Nodes {
 
 impl Drop for Nodes {
     fn drop(&mut self) {
+        if let Some((engine, names)) = &self.containers {
+            let _ = Command::new(engine)
+                .args(["rm", "--force", "--time", "0"])
+                .args(names)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -657,6 +683,13 @@ fn command_line(
         .collect()
 }
 
+/// How the StatefulSet's pods are run: the binary this test was built with, or the image
+/// built from `deploy/Dockerfile`, by a container engine (podman or docker).
+enum Launch {
+    Binary,
+    Image { engine: String, image: String },
+}
+
 /// The StatefulSet's command line, run: three `sluice serve` processes with POD_INDEX 0..2,
 /// the ConfigMap as their configuration directory and a key in SLUICE_PEER_KEY, their
 /// addresses on 127.0.0.1. Each becomes ready and healthy on the probes' paths, a request of
@@ -664,6 +697,132 @@ fn command_line(
 /// no more than the rule's rate and burst.
 #[test]
 fn the_statefulset_command_line_runs_a_cluster_that_keeps_the_limit() {
+    statefulset_keeps_the_limit(&Launch::Binary);
+}
+
+/// The same with the image: each pod a container of the image, run as the pod spec says
+/// (its user, a read-only root, no capabilities, no privilege escalation, the ConfigMap
+/// mounted read-only at its path) on the host's network. `scripts/test-image.sh` builds the
+/// image and runs this with SLUICE_TEST_IMAGE (and SLUICE_TEST_ENGINE, podman by default).
+#[test]
+#[ignore = "needs a container engine and the image: scripts/test-image.sh"]
+fn the_image_runs_the_statefulset_and_keeps_the_limit() {
+    let (engine, image) = engine_and_image();
+    statefulset_keeps_the_limit(&Launch::Image { engine, image });
+}
+
+fn engine_and_image() -> (String, String) {
+    let image = std::env::var("SLUICE_TEST_IMAGE").expect("SLUICE_TEST_IMAGE: the image to run");
+    let engine = std::env::var("SLUICE_TEST_ENGINE").unwrap_or_else(|_| "podman".to_owned());
+    (engine, image)
+}
+
+/// The built image is what the Dockerfile says and what this test suite runs: its user is
+/// not root, its entrypoint is `sluice serve` with the flags of the binary under test (the
+/// same `--help`), and it has no shell.
+#[test]
+#[ignore = "needs a container engine and the image: scripts/test-image.sh"]
+fn the_image_is_non_root_without_a_shell_and_serves_this_build() {
+    let (engine, image) = engine_and_image();
+    let out = Command::new(&engine)
+        .args(["image", "inspect", &image])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inspect: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let config = &inspect[0]["Config"];
+    assert_eq!(config["User"], "65532:65532", "{config}");
+    assert_eq!(
+        config["Entrypoint"],
+        json!(["/usr/local/bin/sluice", "serve"])
+    );
+
+    let help = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let theirs = help(Command::new(&engine).args(["run", "--rm", &image, "--help"]));
+    let ours = help(Command::new(env!("CARGO_BIN_EXE_sluice")).args(["serve", "--help"]));
+    assert_eq!(theirs, ours, "the image's `sluice serve --help` differs");
+
+    let shell = Command::new(&engine)
+        .args([
+            "run",
+            "--rm",
+            "--entrypoint",
+            "/bin/sh",
+            &image,
+            "-c",
+            "true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!shell.success(), "the image has a shell");
+}
+
+/// The engine's `run` arguments for pod `index` of the StatefulSet: the pod's and the
+/// container's security context, its volume mounts (a ConfigMap from `config`), its
+/// environment.
+fn container_run_args(
+    m: &Manifests,
+    config: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> Vec<String> {
+    let pod = &m.statefulset()["spec"]["template"]["spec"];
+    let c = m.container();
+    let (psc, csc) = (&pod["securityContext"], &c["securityContext"]);
+    let mut out: Vec<String> = ["run", "--rm", "--network", "host", "--name", name]
+        .map(str::to_owned)
+        .to_vec();
+    let user = csc["runAsUser"].as_u64().or(psc["runAsUser"].as_u64());
+    let group = csc["runAsGroup"].as_u64().or(psc["runAsGroup"].as_u64());
+    if let Some(u) = user {
+        out.push(format!("--user={u}:{}", group.unwrap_or(u)));
+    }
+    if csc["readOnlyRootFilesystem"] == true {
+        out.push("--read-only".to_owned());
+    }
+    if csc["allowPrivilegeEscalation"] == false {
+        out.push("--security-opt=no-new-privileges".to_owned());
+    }
+    for cap in csc["capabilities"]["drop"].as_array().into_iter().flatten() {
+        out.push(format!("--cap-drop={}", str_of(cap, "capability")));
+    }
+    for mount in c["volumeMounts"].as_array().unwrap() {
+        let vname = str_of(&mount["name"], "volumeMounts.name");
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == vname)
+            .unwrap_or_else(|| panic!("volume {vname}"));
+        assert!(
+            volume["configMap"].is_object(),
+            "only ConfigMap volumes are run here: {volume}"
+        );
+        let ro = if mount["readOnly"] == true { ":ro" } else { "" };
+        let path = str_of(&mount["mountPath"], "mountPath");
+        out.push(format!("--volume={}:{path}{ro}", config.display()));
+    }
+    for (k, v) in env {
+        out.push(format!("--env={k}={v}"));
+    }
+    out
+}
+
+fn statefulset_keeps_the_limit(launch: &Launch) {
     let m = Manifests::load();
     let c = m.container();
     let a = args(c);
@@ -701,13 +860,20 @@ fn the_statefulset_command_line_runs_a_cluster_that_keeps_the_limit() {
     let mut nodes = Nodes {
         children: Vec::new(),
         dir: dir.clone(),
+        containers: None,
     };
+    // In a container, `--config` is the ConfigMap's mount path, as in the pod.
+    let config_arg = match launch {
+        Launch::Binary => config.clone(),
+        Launch::Image { .. } => PathBuf::from(flag(&a, "--config").expect("--config")),
+    };
+    let peer_key = "deploy-test-key-0123456789abcdef";
     for i in 0..replicas {
         let env = BTreeMap::from([("POD_INDEX", i.to_string())]);
         let line = command_line(
             &a,
             &env,
-            &config,
+            &config_arg,
             [
                 ("--http-addr", tcp[2 * i]),
                 ("--grpc-addr", tcp[2 * i + 1]),
@@ -721,10 +887,29 @@ fn the_statefulset_command_line_runs_a_cluster_that_keeps_the_limit() {
             "unset variable: {line:?}"
         );
         let log = std::fs::File::create(dir.join(format!("node{i}.log"))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
+        let mut cmd = match launch {
+            Launch::Binary => {
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+                cmd.arg("serve").env("SLUICE_PEER_KEY", peer_key);
+                cmd
+            }
+            Launch::Image { engine, image } => {
+                let name = format!("sluice-deploy-{}-{i}", std::process::id());
+                let index = i.to_string();
+                let env = [("POD_INDEX", index.as_str()), ("SLUICE_PEER_KEY", peer_key)];
+                let mut cmd = Command::new(engine);
+                cmd.args(container_run_args(&m, &config, &name, &env))
+                    .arg(image);
+                let (_, names) = nodes
+                    .containers
+                    .get_or_insert_with(|| (engine.clone(), Vec::new()));
+                names.push(name);
+                cmd
+            }
+        };
+        let child = cmd
             .args(&line)
-            .env("SLUICE_PEER_KEY", "deploy-test-key-0123456789abcdef")
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -796,11 +981,20 @@ fn the_statefulset_command_line_runs_a_cluster_that_keeps_the_limit() {
     let admitted: u64 = tallies.iter().map(|t| t.0).sum();
     let refused: u64 = tallies.iter().map(|t| t.1).sum();
     let most = limit as f64 * took + (burst + replicas as u64) as f64;
+    let cluster = || {
+        (0..replicas)
+            .map(|i| {
+                let status = http(http_of(i), "GET", "/v1/cluster", "").map(|r| r.1);
+                format!("--- node {i} /v1/cluster\n{}\n", status.unwrap_or_default())
+            })
+            .collect::<String>()
+    };
     eprintln!("{admitted} admitted, {refused} refused in {took:.2} s (at most {most:.0})");
     assert!(
         admitted as f64 <= most,
-        "{admitted} admitted in {took:.2} s > {most:.0}: {tallies:?}\n{}",
-        nodes.logs()
+        "{admitted} admitted in {took:.2} s > {most:.0}: {tallies:?}\n{}{}",
+        nodes.logs(),
+        cluster()
     );
     // The cluster hands its capacity out: well over a single node's third is used.
     assert!(
