@@ -92,7 +92,7 @@ if ! pullable "$builder"; then
     stand=localhost/sluice-standin/rust:$version-$SUITE
     if ! have "$stand"; then
         base=localhost/sluice-standin/debian:$SUITE
-        have "$base" || "$ENGINE" import "$(rootfs)" "$base" >/dev/null
+        have "$base" || "$ENGINE" import -q "$(rootfs)" "$base" >/dev/null
         say "$builder cannot be pulled: building $stand (rustup, Rust $version)"
         ctx=$(mktemp -d)
         mkdir "$ctx/ca"
@@ -144,11 +144,11 @@ if ! pullable "$runtime"; then
             echo "the runtime stand-in has a shell" >&2
             exit 1
         fi
-        tar -C "$out" -c . | "$ENGINE" import \
+        tar -C "$out" -c . | "$ENGINE" import -q \
             --change 'USER 65532' --change 'WORKDIR /home/nonroot' \
             --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
             --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
-            - "$stand" >/dev/null 2>&1
+            - "$stand" >/dev/null
         rm -rf "$dir" "$out" "$out.list"
     fi
     build_args+=(--build-arg "RUNTIME_IMAGE=$stand")
