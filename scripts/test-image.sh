@@ -66,8 +66,21 @@ builder=$(arg_default BUILDER_IMAGE)
 runtime=$(arg_default RUNTIME_IMAGE)
 [ -n "$builder" ] && [ -n "$runtime" ] || { echo "deploy/Dockerfile: no BUILDER_IMAGE/RUNTIME_IMAGE" >&2; exit 1; }
 
-have() { "$ENGINE" image exists "$1" 2>/dev/null || "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
-pullable() { have "$1" || timeout 60 "$ENGINE" pull -q "$1" >/dev/null 2>&1; }
+have() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
+# A base image by its full name (podman would match a short name against any local image
+# of that name, a stand-in included).
+qualify() {
+    case "$1" in
+    *.*/* | localhost/*) echo "$1" ;;
+    */*) echo "docker.io/$1" ;;
+    *) echo "docker.io/library/$1" ;;
+    esac
+}
+pullable() {
+    local q
+    q=$(qualify "$1")
+    have "$q" || timeout 60 "$ENGINE" pull -q "$q" >/dev/null 2>&1
+}
 
 rootfs() { # a Debian $SUITE root file system, cached as a tarball
     local tar="$CACHE/$SUITE-rootfs.tar"
