@@ -177,6 +177,13 @@ size=$("$ENGINE" image inspect "$IMAGE" --format '{{.Size}}')
 say "built $IMAGE in $(($(date +%s) - t0)) s: $((size / 1000000)) MB"
 
 say "running the image's tests"
+# Whatever happens to the tests, no container of theirs outlives this script.
+cleanup() {
+    for c in $("$ENGINE" ps -a --format '{{.Names}}' 2>/dev/null | grep '^sluice-deploy-'); do
+        "$ENGINE" rm --force "$c" >/dev/null 2>&1 || true
+    done
+}
+trap cleanup EXIT
 SLUICE_TEST_IMAGE="$IMAGE" SLUICE_TEST_ENGINE="$ENGINE" \
     cargo test -p sluice --all-features --locked --test deploy -- --ignored --test-threads 1
 say "done"

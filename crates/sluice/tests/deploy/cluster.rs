@@ -56,13 +56,16 @@ impl Nodes {
 
 impl Drop for Nodes {
     fn drop(&mut self) {
+        // One at a time: given a name that is gone already (a pod that left), podman's `rm`
+        // removes none of the others.
         if let Some((engine, names)) = &self.containers {
-            let _ = Command::new(engine)
-                .args(["rm", "--force", "--time", "0"])
-                .args(names)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            for name in names {
+                let _ = Command::new(engine)
+                    .args(["rm", "--force", "--time", "0", name])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
         }
         for c in &mut self.children {
             let _ = c.kill();
