@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use h2::RecvStream;
 use h2::server::SendResponse;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::BodyExt as _;
 use prost::Message as _;
 use sluice_limits::Clock;
@@ -39,6 +39,12 @@ use super::RateLimitGrpc;
 
 /// The method answered here.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The trailer of every answer, named once (not parsed per call).
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// The request header naming its messages' compression, named once.
+const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 
 /// tonic's default limit on a received message (`max_decoding_message_size`): a larger one
 /// goes to tonic, which refuses it with its own status.
@@ -74,9 +80,12 @@ pub(super) async fn serve<C: Clock + 'static>(
             return;
         }
     };
-    // Calls in flight, polled by this task. Each turn takes every request the connection
-    // has read, then moves every call on; their answers queue on the connection, and the
-    // next turn's first `poll_accept` writes them all with one flush.
+    // Each turn takes every request the connection has read, then answers them: a plain
+    // call whose message has arrived at once, any other as a call polled by this task
+    // (`calls`). Answers queue on the connection, and the next turn's first `poll_accept`
+    // writes them all with one flush. (Answering inside the accept loop would flush per
+    // call: each `poll_accept` flushes what is queued.)
+    let mut accepted = Vec::new();
     let mut calls = FuturesUnordered::new();
     tokio::pin!(stop);
     let mut stopping = false;
@@ -88,9 +97,7 @@ pub(super) async fn serve<C: Clock + 'static>(
         loop {
             loop {
                 match conn.poll_accept(cx) {
-                    Poll::Ready(Some(Ok((request, respond)))) => {
-                        calls.push(call(Arc::clone(&service), routes.clone(), request, respond));
-                    }
+                    Poll::Ready(Some(Ok(accept))) => accepted.push(accept),
                     Poll::Ready(Some(Err(e))) => {
                         tracing::debug!(error = %e, "gRPC: connection ended");
                         return Poll::Ready(());
@@ -99,7 +106,12 @@ pub(super) async fn serve<C: Clock + 'static>(
                     Poll::Pending => break,
                 }
             }
-            let mut answered = false;
+            let mut answered = !accepted.is_empty();
+            for (request, respond) in accepted.drain(..) {
+                if let Some(call) = answer_at_once(&service, &routes, request, respond, cx) {
+                    calls.push(call);
+                }
+            }
             while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
                 answered = true;
             }
@@ -114,41 +126,107 @@ pub(super) async fn serve<C: Clock + 'static>(
     while calls.next().await.is_some() {}
 }
 
-/// One call: answered here when plain, else by tonic.
-async fn call<C: Clock + 'static>(
-    service: Arc<RateLimitGrpc<Arc<C>>>,
-    routes: Routes,
+/// Answers a plain call whose whole message has already arrived (the usual case: the
+/// connection reads every frame it can before it hands out a request), without a future
+/// of its own: a call in `FuturesUnordered` costs an allocation, a copy of its future and
+/// wakers. Any other call is returned as a future that goes on from where this stopped.
+fn answer_at_once<C: Clock + 'static>(
+    service: &Arc<RateLimitGrpc<Arc<C>>>,
+    routes: &Routes,
     request: http::Request<RecvStream>,
     respond: SendResponse<Bytes>,
-) {
+    cx: &mut Context<'_>,
+) -> Option<impl Future<Output = ()> + use<C>> {
     let (head, mut body) = request.into_parts();
-    if head.uri.path() != SHOULD_RATE_LIMIT || !service.decides_locally() || compressed(&head) {
-        return by_tonic(routes, head, Replay::new(Bytes::new(), body), respond).await;
-    }
-    let message = match read_message(&mut body).await {
-        Ok(m) => m,
-        Err(()) => return,
+    let plain =
+        head.uri.path() == SHOULD_RATE_LIMIT && service.decides_locally() && !compressed(&head);
+    let first = if plain {
+        match body.poll_data(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                // Taken in at once: the window goes back to the client.
+                let _ = body.flow_control().release_capacity(chunk.len());
+                if body.is_end_stream() {
+                    let Some(proto) = decode_plain(&chunk, &body) else {
+                        return Some(call(
+                            service,
+                            routes,
+                            head,
+                            body,
+                            respond,
+                            Start::Tonic(chunk),
+                        ));
+                    };
+                    send_answer(respond, service.decide_local(proto));
+                    return None;
+                }
+                Start::Read(chunk)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                tracing::debug!(error = %e, "gRPC: stream failed");
+                return None;
+            }
+            // No message at all: tonic answers that.
+            Poll::Ready(None) => Start::Tonic(Bytes::new()),
+            Poll::Pending => Start::Read(Bytes::new()),
+        }
+    } else {
+        Start::Tonic(Bytes::new())
     };
-    let proto =
-        match plain_message(&message, &body).and_then(|m| rls::RateLimitRequest::decode(m).ok()) {
-            Some(p) => p,
-            None => return by_tonic(routes, head, Replay::new(message, body), respond).await,
+    Some(call(service, routes, head, body, respond, first))
+}
+
+/// Where a [`call`] starts: reading the rest of a plain call's message after what was read,
+/// or handing the call to tonic with what was read.
+enum Start {
+    Read(Bytes),
+    Tonic(Bytes),
+}
+
+/// One call that could not be answered at once: answered here when plain, else by tonic.
+fn call<C: Clock + 'static>(
+    service: &Arc<RateLimitGrpc<Arc<C>>>,
+    routes: &Routes,
+    head: http::request::Parts,
+    mut body: RecvStream,
+    respond: SendResponse<Bytes>,
+    start: Start,
+) -> impl Future<Output = ()> + use<C> {
+    let (service, routes) = (Arc::clone(service), routes.clone());
+    async move {
+        let read = match start {
+            Start::Tonic(read) => {
+                return by_tonic(routes, head, Replay::new(read, body), respond).await;
+            }
+            Start::Read(read) => read,
         };
-    let answer = service.decide_local(proto);
-    send_answer(respond, answer);
+        let Ok(message) = read_message(&mut body, read).await else {
+            return;
+        };
+        match decode_plain(&message, &body) {
+            Some(proto) => send_answer(respond, service.decide_local(proto)),
+            None => by_tonic(routes, head, Replay::new(message, body), respond).await,
+        }
+    }
+}
+
+/// The request of `message` when it is one plain gRPC message ([`plain_message`]) that
+/// decodes; `None`: tonic answers it.
+fn decode_plain(message: &Bytes, body: &RecvStream) -> Option<rls::RateLimitRequest> {
+    plain_message(message, body).and_then(|m| rls::RateLimitRequest::decode(m).ok())
 }
 
 /// Whether the request says its messages are compressed: tonic decides what that means.
 fn compressed(head: &http::request::Parts) -> bool {
     head.headers
-        .get("grpc-encoding")
+        .get(GRPC_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity")
 }
 
-/// The request's body up to its end, or up to just over [`MAX_MESSAGE`] (then tonic reads
-/// the rest). `Err` when the stream failed: nothing can be answered on it.
-async fn read_message(body: &mut RecvStream) -> Result<Bytes, ()> {
-    let mut first = Bytes::new();
+/// The request's body up to its end, after `read` (what was read already), or up to just
+/// over [`MAX_MESSAGE`] (then tonic reads the rest). `Err` when the stream failed: nothing
+/// can be answered on it.
+async fn read_message(body: &mut RecvStream, read: Bytes) -> Result<Bytes, ()> {
+    let mut first = read;
     let mut more = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| tracing::debug!(error = %e, "gRPC: stream failed"))?;
@@ -198,7 +276,10 @@ fn send_answer(
         }
     };
     let len = message.encoded_len();
-    let mut frame = BytesMut::with_capacity(5 + len);
+    // A `Vec` of the exact size, not a `BytesMut`: prost writes varints a byte at a time,
+    // which `Vec` inlines and `BytesMut` copies with a `memcpy` each; `Bytes::from` then
+    // takes the buffer over without copying.
+    let mut frame = Vec::with_capacity(5 + len);
     frame.put_u8(0);
     frame.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
     // Cannot fail: the buffer holds `len` more bytes.
@@ -212,8 +293,8 @@ fn send_answer(
         return;
     };
     let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    if send.send_data(frame.freeze(), false).is_ok() {
+    trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+    if send.send_data(Bytes::from(frame), false).is_ok() {
         let _ = send.send_trailers(trailers);
     }
 }
