@@ -540,7 +540,7 @@ impl Domain {
         &self,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
     ) -> Option<&Rule> {
-        self.lookup(entries).map(|l| l.rule)
+        self.walk(entries, |_, _, _, _| {})
     }
 
     /// [`Domain::rule_for`], with the entries whose values matched a wildcard marked
@@ -549,56 +549,81 @@ impl Domain {
     #[must_use]
     pub fn lookup<'e>(
         &self,
-        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        entries: impl IntoIterator<Item = (&'e str, &'e str), IntoIter: Clone>,
     ) -> Option<Lookup<'_>> {
-        let mut level = &self.descriptors;
+        let entries = entries.into_iter();
         let mut shared = Vec::new();
-        // The statistics names envoyproxy/ratelimit would use: with every runtime value
-        // (`detailed_metric`), and with `value_to_metric`'s runtime values.
-        let (mut detailed, mut valued, mut any_valued) = (Vec::new(), Vec::new(), false);
+        let mut any_valued = false;
+        let rule = self.walk(entries.clone(), |i, _, _, found| {
+            if let Some(pattern) = shared_pattern(found) {
+                shared.push((i, pattern));
+            }
+            any_valued |= found.node.value_to_metric;
+        })?;
+        // The statistics names, built only for a rule that uses one: the same walk again
+        // (most rules use neither, and the names cost more than the walk).
+        let metric = if rule.detailed_metric || any_valued {
+            // The names envoyproxy/ratelimit would use: with every runtime value
+            // (`detailed_metric`), and with `value_to_metric`'s runtime values.
+            let (mut detailed, mut valued) = (Vec::new(), Vec::new());
+            self.walk(entries, |_, key, value, found| {
+                let pattern = shared_pattern(found);
+                let with = |v: &str| {
+                    if v.is_empty() {
+                        key.to_owned()
+                    } else {
+                        format!("{key}_{v}")
+                    }
+                };
+                detailed.push(with(pattern.unwrap_or(value)));
+                valued.push(match (found.exact, found.wildcard) {
+                    (true, _) => with(value),
+                    (false, Some(w)) if pattern.is_some() || !found.node.value_to_metric => with(w),
+                    (false, Some(_)) => with(value),
+                    (false, None) if found.node.value_to_metric => with(value),
+                    (false, None) => key.to_owned(),
+                });
+            });
+            Some(if rule.detailed_metric {
+                detailed.join(".")
+            } else {
+                valued.join(".")
+            })
+        } else {
+            None
+        };
+        let metric_path = metric.filter(|m| *m != rule.path);
+        Some(Lookup {
+            rule,
+            shared,
+            metric_path,
+        })
+    }
+
+    /// The matching of [`Domain::rule_for`]: `each` sees every entry matched on the way
+    /// (index, key, value, match), also when no rule ends the walk.
+    fn walk<'c, 'e>(
+        &'c self,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        mut each: impl FnMut(usize, &str, &str, &tree::Found<'c>),
+    ) -> Option<&'c Rule> {
+        let mut level = &self.descriptors;
         let mut entries = entries.into_iter().enumerate().peekable();
         while let Some((i, (key, value))) = entries.next() {
             let found = level.find(key, value)?;
-            let pattern = found.wildcard.filter(|_| found.node.share_threshold);
-            if let Some(pattern) = pattern {
-                shared.push((i, pattern));
-            }
-            let with = |v: &str| {
-                if v.is_empty() {
-                    key.to_owned()
-                } else {
-                    format!("{key}_{v}")
-                }
-            };
-            detailed.push(with(pattern.unwrap_or(value)));
-            any_valued |= found.node.value_to_metric;
-            valued.push(match (found.exact, found.wildcard) {
-                (true, _) => with(value),
-                (false, Some(w)) if pattern.is_some() || !found.node.value_to_metric => with(w),
-                (false, Some(_)) => with(value),
-                (false, None) if found.node.value_to_metric => with(value),
-                (false, None) => key.to_owned(),
-            });
+            each(i, key, value, &found);
             if entries.peek().is_none() {
-                let rule = found.node.rule.as_ref()?;
-                let metric = if rule.detailed_metric {
-                    Some(detailed.join("."))
-                } else if any_valued {
-                    Some(valued.join("."))
-                } else {
-                    None
-                };
-                let metric_path = metric.filter(|m| *m != rule.path);
-                return Some(Lookup {
-                    rule,
-                    shared,
-                    metric_path,
-                });
+                return found.node.rule.as_ref();
             }
             level = &found.node.children;
         }
         None
     }
+}
+
+/// The pattern an entry is counted under: its wildcard's, when that is `share_threshold`.
+fn shared_pattern<'c>(found: &tree::Found<'c>) -> Option<&'c str> {
+    found.wildcard.filter(|_| found.node.share_threshold)
 }
 
 /// What a descriptor matched ([`Domain::lookup`]).
