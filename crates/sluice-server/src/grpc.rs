@@ -41,6 +41,8 @@ mod workers;
 pub use workers::run_on_workers;
 // One connection on h2 directly: plain `ShouldRateLimit` calls answered in its task.
 mod connection;
+// The gRPC frame of a plain answer, without building the protobuf message.
+mod wire;
 
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
 /// memory under churning keys, rarely enough to cost nothing measurable.
@@ -177,12 +179,8 @@ pub fn service_answer(
     options: &GrpcOptions,
 ) -> ServiceAnswer {
     let mut response = decided;
-    if options.quota_mode {
-        response.overall_code = overall_code(&response.statuses, true);
-    }
-    let decided = response.overall_code;
+    let (decided, shadowed) = settle(&mut response, options);
     let mut proto = response_to_proto_with(&response, options);
-    let shadowed = options.shadow_mode && decided == Code::OverLimit;
     if shadowed {
         proto.overall_code = pb_response::Code::Ok.into();
     }
@@ -194,6 +192,16 @@ pub fn service_answer(
         decided,
         shadowed,
     }
+}
+
+/// The overall code of `response` recomputed for `QUOTA_MODE` (into `response`), and
+/// whether `SHADOW_MODE` answers it `OK` ([`service_answer`]).
+fn settle(response: &mut Response, options: &GrpcOptions) -> (Code, bool) {
+    if options.quota_mode {
+        response.overall_code = overall_code(&response.statuses, true);
+    }
+    let decided = response.overall_code;
+    (decided, options.shadow_mode && decided == Code::OverLimit)
 }
 
 /// The `RateLimitService` implementation: an [`Engine`], the clock it is read against and,
@@ -251,12 +259,63 @@ impl<C: Clock> RateLimitGrpc<C> {
         &self,
         proto: rls::RateLimitRequest,
     ) -> Result<rls::RateLimitResponse, tonic::Status> {
+        let (request, decided, took) = self.decide_now(proto)?;
+        self.answer(&request, decided, took)
+    }
+
+    /// [`RateLimitGrpc::decide_local`]'s answer as its gRPC frame: the bytes prost would
+    /// encode, and the same metrics.
+    pub(crate) fn decide_local_framed(
+        &self,
+        proto: rls::RateLimitRequest,
+    ) -> Result<Vec<u8>, tonic::Status> {
+        if self.options.response_headers.is_some() || self.options.response_dynamic_metadata {
+            return self.decide_local(proto).map(|m| wire::framed_message(&m));
+        }
+        let (_, decided, took) = self.decide_now(proto)?;
+        let mut response = decided.map_err(|e| self.invalid(&e))?;
+        let (decided, shadowed) = settle(&mut response, &self.options);
+        self.recorded(decided, shadowed, took);
+        let shown = if shadowed { Code::Ok } else { decided };
+        Ok(wire::framed_response(
+            shown,
+            &response.statuses,
+            self.options.subsecond_reset,
+        ))
+    }
+
+    /// The engine's request for `proto` and its decision now, taking how long it took.
+    fn decide_now(
+        &self,
+        proto: rls::RateLimitRequest,
+    ) -> Result<
+        (
+            Request,
+            Result<Response, crate::engine::RequestError>,
+            Duration,
+        ),
+        tonic::Status,
+    > {
         let request =
             request_from_proto(proto).inspect_err(|_| self.record(Answer::Invalid, None))?;
         let now = self.clock.now();
         let start = Instant::now();
         let decided = self.engine.should_rate_limit(now, &request);
-        self.answer(&request, decided, start.elapsed())
+        Ok((request, decided, start.elapsed()))
+    }
+
+    /// The status of a request the engine refused, recorded as invalid.
+    fn invalid(&self, e: &crate::engine::RequestError) -> tonic::Status {
+        self.record(Answer::Invalid, None);
+        tonic::Status::invalid_argument(e.to_string())
+    }
+
+    /// Records an answer decided `decided` in `took`, `shadowed` by global shadow mode.
+    fn recorded(&self, decided: Code, shadowed: bool, took: Duration) {
+        self.record(decided.into(), Some(took));
+        if shadowed && let Some(m) = &self.metrics {
+            m.record_global_shadow_mode();
+        }
     }
 
     /// The answer to `request`, decided in `took`, recorded into the metrics.
@@ -268,17 +327,9 @@ impl<C: Clock> RateLimitGrpc<C> {
     ) -> Result<rls::RateLimitResponse, tonic::Status> {
         let answer = match decided {
             Ok(r) => service_answer(request, r, &self.options),
-            Err(e) => {
-                self.record(Answer::Invalid, None);
-                return Err(tonic::Status::invalid_argument(e.to_string()));
-            }
+            Err(e) => return Err(self.invalid(&e)),
         };
-        self.record(answer.decided.into(), Some(took));
-        if answer.shadowed
-            && let Some(m) = &self.metrics
-        {
-            m.record_global_shadow_mode();
-        }
+        self.recorded(answer.decided, answer.shadowed, took);
         Ok(answer.response)
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use sluice_limits::ManualClock;
+use sluice_server::grpc::{GrpcOptions, ResponseHeaders};
 use sluice_server::{Config, Engine};
 use tokio::sync::oneshot;
 
@@ -30,6 +31,10 @@ struct Server {
 }
 
 async fn start(yaml: &str, workers: bool) -> Server {
+    start_with(yaml, workers, GrpcOptions::default()).await
+}
+
+async fn start_with(yaml: &str, workers: bool, options: GrpcOptions) -> Server {
     let engine = Arc::new(Engine::new(Config::from_yaml("test.yaml", yaml).unwrap()));
     let clock = Arc::new(ManualClock::new(T0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -45,12 +50,12 @@ async fn start(yaml: &str, workers: bool) -> Server {
             engine,
             clock,
             None,
-            sluice_server::grpc::GrpcOptions::default(),
+            options,
             stopped,
         ))
     } else {
-        tokio::spawn(sluice_server::grpc::run_with_clock(
-            listener, engine, clock, stopped,
+        tokio::spawn(sluice_server::grpc::run_with_options(
+            listener, engine, clock, None, options, stopped,
         ))
     };
     Server { addr, stop, done }
@@ -225,10 +230,39 @@ fn calls() -> Vec<(&'static str, Call)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_connections_answer_as_tonic_byte_for_byte() {
+    same_answers(GrpcOptions::default()).await;
+}
+
+/// The same with the answering options: the reset to the nanosecond, shadow and quota mode
+/// (answers the direct path encodes itself), and response headers (answers it encodes with
+/// prost). (Not dynamic metadata: a `Struct`'s fields are a hash map, whose order differs
+/// from one map to the next, tonic's answers included.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_connections_answer_as_tonic_byte_for_byte_with_options() {
+    same_answers(GrpcOptions {
+        subsecond_reset: true,
+        shadow_mode: true,
+        quota_mode: true,
+        ..GrpcOptions::default()
+    })
+    .await;
+    same_answers(GrpcOptions {
+        shadow_mode: true,
+        ..GrpcOptions::default()
+    })
+    .await;
+    same_answers(GrpcOptions {
+        response_headers: Some(ResponseHeaders::default()),
+        ..GrpcOptions::default()
+    })
+    .await;
+}
+
+async fn same_answers(options: GrpcOptions) {
     tokio::time::timeout(BOUND, async {
         let yaml = support::EXAMPLES[2].yaml;
-        let tonic = start(yaml, false).await;
-        let direct = start(yaml, true).await;
+        let tonic = start_with(yaml, false, options.clone()).await;
+        let direct = start_with(yaml, true, options).await;
         for (what, call) in calls() {
             let a = exchange(tonic.addr, call.clone()).await;
             let b = exchange(direct.addr, call).await;

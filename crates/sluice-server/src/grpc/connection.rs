@@ -10,7 +10,8 @@
 //! other answer of the batch.
 //!
 //! The answers are tonic's, byte for byte: the same `RateLimitResponse` (the handler is
-//! shared: [`RateLimitGrpc::decide_local`]), the headers tonic sends (`content-type:
+//! shared: [`RateLimitGrpc::decide_local_framed`] decides as [`RateLimitGrpc::decide_local`]
+//! and encodes the bytes prost would), the headers tonic sends (`content-type:
 //! application/grpc`; trailers `grpc-status: 0`), errors as tonic's trailers-only answer
 //! ([`tonic::Status::into_http`]). A call that is anything but the plain case — another
 //! path (health checks, unknown methods), a compressed or split or oversized message, request
@@ -22,7 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use h2::RecvStream;
@@ -156,7 +157,7 @@ fn answer_at_once<C: Clock + 'static>(
                             Start::Tonic(chunk),
                         ));
                     };
-                    send_answer(respond, service.decide_local(proto));
+                    send_answer(respond, service.decide_local_framed(proto));
                     return None;
                 }
                 Start::Read(chunk)
@@ -203,7 +204,7 @@ fn call<C: Clock + 'static>(
             return;
         };
         match decode_plain(&message, &body) {
-            Some(proto) => send_answer(respond, service.decide_local(proto)),
+            Some(proto) => send_answer(respond, service.decide_local_framed(proto)),
             None => by_tonic(routes, head, Replay::new(message, body), respond).await,
         }
     }
@@ -261,29 +262,17 @@ fn plain_message(body: &Bytes, stream: &RecvStream) -> Option<Bytes> {
     (len <= MAX_MESSAGE && body.len() == 5 + len).then(|| body.slice(5..))
 }
 
-/// Sends an answer as tonic would: the message and `grpc-status: 0`, or an error status
-/// alone (trailers-only).
-fn send_answer(
-    mut respond: SendResponse<Bytes>,
-    answer: Result<rls::RateLimitResponse, tonic::Status>,
-) {
-    let message = match answer {
-        Ok(m) => m,
+/// Sends an answer as tonic would: the message's frame and `grpc-status: 0`, or an error
+/// status alone (trailers-only).
+fn send_answer(mut respond: SendResponse<Bytes>, answer: Result<Vec<u8>, tonic::Status>) {
+    let frame = match answer {
+        Ok(f) => f,
         Err(status) => {
             let (head, ()) = status.into_http::<()>().into_parts();
             let _ = respond.send_response(http::Response::from_parts(head, ()), true);
             return;
         }
     };
-    let len = message.encoded_len();
-    // A `Vec` of the exact size, not a `BytesMut`: prost writes varints a byte at a time,
-    // which `Vec` inlines and `BytesMut` copies with a `memcpy` each; `Bytes::from` then
-    // takes the buffer over without copying.
-    let mut frame = Vec::with_capacity(5 + len);
-    frame.put_u8(0);
-    frame.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // Cannot fail: the buffer holds `len` more bytes.
-    let _ = message.encode(&mut frame);
     let mut head = http::Response::new(());
     head.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -294,6 +283,7 @@ fn send_answer(
     };
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+    // The frame is of its exact size: `Bytes` takes it over without copying.
     if send.send_data(Bytes::from(frame), false).is_ok() {
         let _ = send.send_trailers(trailers);
     }
