@@ -41,7 +41,7 @@ mod workers;
 pub use workers::run_on_workers;
 // One connection on h2 directly: plain `ShouldRateLimit` calls answered in its task.
 mod connection;
-// The gRPC frame of a plain answer, without building the protobuf message.
+// A plain call's request and answer on the wire, without prost's message types.
 mod wire;
 
 /// How often [`run`] forgets idle keys ([`Engine::retain_idle`]): often enough to bound
@@ -259,20 +259,21 @@ impl<C: Clock> RateLimitGrpc<C> {
         &self,
         proto: rls::RateLimitRequest,
     ) -> Result<rls::RateLimitResponse, tonic::Status> {
-        let (request, decided, took) = self.decide_now(proto)?;
+        let request =
+            request_from_proto(proto).inspect_err(|_| self.record(Answer::Invalid, None))?;
+        let (decided, took) = self.decide_now(&request);
         self.answer(&request, decided, took)
     }
 
-    /// [`RateLimitGrpc::decide_local`]'s answer as its gRPC frame: the bytes prost would
-    /// encode, and the same metrics.
-    pub(crate) fn decide_local_framed(
-        &self,
-        proto: rls::RateLimitRequest,
-    ) -> Result<Vec<u8>, tonic::Status> {
+    /// [`RateLimitGrpc::decide_local`]'s answer to `request` (the engine's request for the
+    /// protobuf one) as its gRPC frame: the bytes prost would encode, and the same metrics.
+    pub(crate) fn decide_local_framed(&self, request: &Request) -> Result<Vec<u8>, tonic::Status> {
+        let (decided, took) = self.decide_now(request);
         if self.options.response_headers.is_some() || self.options.response_dynamic_metadata {
-            return self.decide_local(proto).map(|m| wire::framed_message(&m));
+            return self
+                .answer(request, decided, took)
+                .map(|m| wire::framed_message(&m));
         }
-        let (_, decided, took) = self.decide_now(proto)?;
         let mut response = decided.map_err(|e| self.invalid(&e))?;
         let (decided, shadowed) = settle(&mut response, &self.options);
         self.recorded(decided, shadowed, took);
@@ -284,24 +285,25 @@ impl<C: Clock> RateLimitGrpc<C> {
         ))
     }
 
-    /// The engine's request for `proto` and its decision now, taking how long it took.
-    fn decide_now(
+    /// [`RateLimitGrpc::decide_local_framed`] for a protobuf request.
+    pub(crate) fn decide_proto_framed(
         &self,
         proto: rls::RateLimitRequest,
-    ) -> Result<
-        (
-            Request,
-            Result<Response, crate::engine::RequestError>,
-            Duration,
-        ),
-        tonic::Status,
-    > {
+    ) -> Result<Vec<u8>, tonic::Status> {
         let request =
             request_from_proto(proto).inspect_err(|_| self.record(Answer::Invalid, None))?;
+        self.decide_local_framed(&request)
+    }
+
+    /// The engine's decision on `request` now, and how long it took.
+    fn decide_now(
+        &self,
+        request: &Request,
+    ) -> (Result<Response, crate::engine::RequestError>, Duration) {
         let now = self.clock.now();
         let start = Instant::now();
-        let decided = self.engine.should_rate_limit(now, &request);
-        Ok((request, decided, start.elapsed()))
+        let decided = self.engine.should_rate_limit(now, request);
+        (decided, start.elapsed())
     }
 
     /// The status of a request the engine refused, recorded as invalid.

@@ -36,7 +36,8 @@ use tokio::net::TcpStream;
 use tonic::service::Routes;
 use tower::ServiceExt as _;
 
-use super::RateLimitGrpc;
+use super::{RateLimitGrpc, wire};
+use crate::engine::Request;
 
 /// The method answered here.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -147,7 +148,7 @@ fn answer_at_once<C: Clock + 'static>(
                 // Taken in at once: the window goes back to the client.
                 let _ = body.flow_control().release_capacity(chunk.len());
                 if body.is_end_stream() {
-                    let Some(proto) = decode_plain(&chunk, &body) else {
+                    let Some(request) = decode_plain(&chunk, &body) else {
                         return Some(call(
                             service,
                             routes,
@@ -157,7 +158,7 @@ fn answer_at_once<C: Clock + 'static>(
                             Start::Tonic(chunk),
                         ));
                     };
-                    send_answer(respond, service.decide_local_framed(proto));
+                    send_answer(respond, decide(service, request));
                     return None;
                 }
                 Start::Read(chunk)
@@ -204,16 +205,38 @@ fn call<C: Clock + 'static>(
             return;
         };
         match decode_plain(&message, &body) {
-            Some(proto) => send_answer(respond, service.decide_local_framed(proto)),
+            Some(request) => send_answer(respond, decide(&service, request)),
             None => by_tonic(routes, head, Replay::new(message, body), respond).await,
         }
     }
 }
 
+/// A plain call's request: read by [`wire::plain_request`] when it has the usual shape,
+/// else decoded by prost.
+enum Plain {
+    Request(Request),
+    Proto(rls::RateLimitRequest),
+}
+
 /// The request of `message` when it is one plain gRPC message ([`plain_message`]) that
 /// decodes; `None`: tonic answers it.
-fn decode_plain(message: &Bytes, body: &RecvStream) -> Option<rls::RateLimitRequest> {
-    plain_message(message, body).and_then(|m| rls::RateLimitRequest::decode(m).ok())
+fn decode_plain(message: &Bytes, body: &RecvStream) -> Option<Plain> {
+    let m = plain_message(message, body)?;
+    if let Some(r) = wire::plain_request(&m) {
+        return Some(Plain::Request(r));
+    }
+    rls::RateLimitRequest::decode(m).ok().map(Plain::Proto)
+}
+
+/// The framed answer to a plain call's request.
+fn decide<C: Clock + 'static>(
+    service: &RateLimitGrpc<Arc<C>>,
+    request: Plain,
+) -> Result<Vec<u8>, tonic::Status> {
+    match request {
+        Plain::Request(r) => service.decide_local_framed(&r),
+        Plain::Proto(p) => service.decide_proto_framed(p),
+    }
 }
 
 /// Whether the request says its messages are compressed: tonic decides what that means.
