@@ -40,7 +40,7 @@ if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
     if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 if [ "$ENGINE" = podman ]; then
@@ -48,6 +48,7 @@ if [ "$ENGINE" = podman ]; then
     # Resource limits no higher than this shell's own (podman's defaults can be above a
     # container host's hard limits, which a process without CAP_SYS_RESOURCE cannot raise).
     nofile=$(ulimit -Hn)
+    if [ "$nofile" = unlimited ]; then nofile=1048576; fi
     nproc=$(ulimit -Hu)
     if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
     CONTAINERS_CONF="$(mktemp -d)/containers.conf"
