@@ -8,6 +8,7 @@
 #   bash scripts/bench-redis-distance.sh
 #   CONCS="1 16 256" DELAYS="direct 0 100us 250us 500us" DUR=10s bash scripts/bench-redis-distance.sh
 #   OPEN_RATE=2000 OPEN_SECS=10 ROUNDS=2 bash scripts/bench-redis-distance.sh
+#   BIN=path/to/other/sluice bash scripts/bench-redis-distance.sh   # another build
 #
 # Per delay ("direct": no proxy; "0": through the proxy without delay): per client
 # concurrency in CONCS, `sluice bench --grpc LOCAL --vs-grpc REDIS` closed loop for DUR each
@@ -41,9 +42,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
 fi
 
-echo "== building (release)"
-cargo build --release --locked -p sluice
-BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
+# BIN: another build of `sluice` for both daemons and the generator (not built here).
+if [ -z "${BIN:-}" ]; then
+  echo "== building (release)"
+  cargo build --release --locked -p sluice
+  BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
+fi
 
 dir="$(mktemp -d)"
 # The processes started here (the per-delay ones while they run).
