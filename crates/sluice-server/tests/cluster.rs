@@ -154,24 +154,25 @@ async fn skewed_overload_admits_the_global_limit_max_min() {
     let admitted: u64 = counts.iter().map(|c| c.0).sum();
     let expect = 2.0 * l;
     let err = (admitted as f64 - expect) / expect;
-    let shares: Vec<f64> = nodes.iter().map(first_share).collect();
+    let (_clusters, shares) = freeze(nodes).await;
     eprintln!(
-        "max-min: admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
+        "max-min: admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, (share, demand) {shares:?}",
         err * 100.0
     );
     assert!(
         err.abs() <= 0.02,
         "admitted {admitted}, expected {expect} ± 2%"
     );
-    assert!(shares.iter().sum::<f64>() <= 1.0 + 1e-9);
+    let total: f64 = shares.iter().map(|s| s.0).sum();
+    assert!(total <= 1.0 + 1e-9, "shares add up to {total} of the limit");
     for (s, want) in shares.iter().zip([0.425, 0.425, 0.15]) {
-        assert!((s - want).abs() <= 0.02, "max-min shares {shares:?}");
+        assert!((s.0 - want).abs() <= 0.02, "max-min shares {shares:?}");
     }
-    stop(nodes).await;
 }
 
 /// The same under `fairness: throttled` (seed 000 Case I): the loaded node holds most of the
-/// limit (seed 003 §III-A: indicators equalise).
+/// limit (seed 003 §III-A: indicators equalise, `r_i − x_i` one level, here
+/// 1.4 − 0.975 = 0.45 − 0.025 with the small node at 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_overload_admits_the_global_limit() {
     let nodes = start_with(3, "throttled").await;
@@ -181,26 +182,26 @@ async fn skewed_overload_admits_the_global_limit() {
     let admitted: u64 = counts.iter().map(|c| c.0).sum();
     let expect = 2.0 * l;
     let err = (admitted as f64 - expect) / expect;
-    let shares: Vec<f64> = nodes.iter().map(first_share).collect();
+    let (clusters, shares) = freeze(nodes).await;
     eprintln!(
-        "admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, shares {shares:?}",
+        "admitted {admitted} vs {expect} ({:+.2}%), per node {counts:?}, (share, demand) {shares:?}",
         err * 100.0
     );
     assert!(
         err.abs() <= 0.02,
         "admitted {admitted}, expected {expect} ± 2%"
     );
+    let total: f64 = shares.iter().map(|s| s.0).sum();
+    assert!(total <= 1.0 + 1e-9, "shares add up to {total} of the limit");
+    // The level leaves node 1 a sliver (0.025) and node 2 nothing; a demand estimate a few
+    // percent high at node 0 takes node 1's sliver too, so only the order is asserted.
     assert!(
-        shares.iter().sum::<f64>() <= 1.0 + 1e-9,
-        "shares add up to at most the limit"
-    );
-    assert!(
-        shares[0] > shares[1] && shares[1] > shares[2],
+        shares[0].0 >= 0.9 && shares[0].0 > shares[1].0 && shares[1].0 >= shares[2].0,
         "demand decides the shares: {shares:?}"
     );
     // Each node names the rule its share belongs to, as the decision metrics do.
-    for n in &nodes {
-        let s = n.cluster.status(usize::MAX);
+    for c in &clusters {
+        let s = c.status(usize::MAX);
         let k = &s.keys[0];
         assert_eq!(
             (k.domain.as_deref(), k.rule.as_deref()),
@@ -208,7 +209,6 @@ async fn skewed_overload_admits_the_global_limit() {
             "{s:?}"
         );
     }
-    stop(nodes).await;
 }
 
 /// Global demand under the limit: after convergence no node refuses anything, however
@@ -225,13 +225,31 @@ async fn under_the_limit_nobody_is_throttled() {
     stop(nodes).await;
 }
 
-/// This node's share of its busiest key (the only key of these tests), 0 without one.
-fn first_share(node: &Node) -> f64 {
-    node.cluster
-        .status(usize::MAX)
-        .keys
-        .first()
-        .map_or(0.0, |k| k.share)
+/// Stops every node at once, without the graceful leave, and reads each one's share and
+/// demand of its busiest key (the only key of these tests; 0 without one). Conservation
+/// (seed 003 §IV) holds at an instant: read one by one while the nodes run, a gift made
+/// between two readings counts at its giver before and at its receiver after. Stopped, a
+/// receiver has seen at most what its giver counts as given, so the readings add up as one
+/// instant's would (a gift still in flight is lost: the sum can only be lower).
+async fn freeze(nodes: Vec<Node>) -> (Vec<Arc<Cluster>>, Vec<(f64, f64)>) {
+    for n in &nodes {
+        n.task.abort();
+    }
+    let mut clusters = Vec::new();
+    for n in nodes {
+        let _ = n.task.await;
+        clusters.push(n.cluster);
+    }
+    let shares = clusters
+        .iter()
+        .map(|c| {
+            c.status(usize::MAX)
+                .keys
+                .first()
+                .map_or((0.0, 0.0), |k| (k.share, k.demand))
+        })
+        .collect();
+    (clusters, shares)
 }
 
 /// This node's share of every key it holds, and of keys it has no state for.
