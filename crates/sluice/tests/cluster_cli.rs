@@ -4,7 +4,7 @@
 //! (docs/PROTOCOL.md, "Liveness": a fence, then an audit) without ever holding — or
 //! admitting — more than the limit; restarted, it
 //! rejoins as a new incarnation, and with demand under the limit nobody is throttled.
-//! SIGTERM hands a node's capacity to its heir at once. A bad configuration stops
+//! SIGTERM hands a node's capacity to its peers at once. A bad configuration stops
 //! `sluice serve` with file, line and reason; a settings file's `peer_addr` is used.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test: failing loudly is the point
 
@@ -296,7 +296,15 @@ fn three_processes_share_the_limit_survive_kill_and_rejoin() {
     // all of it within `lease·(1+ρ)² + 10` cycles (docs/PROTOCOL.md, "Liveness": the
     // survivors vote after `lease·(1+ρ)²`, a quorum of votes is a fence, and the audit's two
     // waves mint what the dead node held; each step waits for a cycle's messages at most).
-    let shares = |c: &Cluster| -> Option<f64> { Some(c.status(0)?.1 + c.status(1)?.1) };
+    // Two readings, one after the other, are not one instant: a gift from the node read first
+    // to the node read second, made between the readings, counts twice. So the survivors are
+    // read in both orders and the smaller sum is taken: to count a gift twice in both, gifts
+    // would have to go both ways within the same few milliseconds.
+    let shares = |c: &Cluster| -> Option<f64> {
+        let forth = c.status(0)?.1 + c.status(1)?.1;
+        let back = c.status(1)?.1 + c.status(0)?.1;
+        Some(forth.min(back))
+    };
     let before = shares(&c).unwrap();
     let dead_share = c.status(2).unwrap().1;
     assert!(
@@ -461,11 +469,11 @@ fn serve_until_exit(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitS
     (status, stderr)
 }
 
-/// SIGTERM on a real `sluice serve`: the node hands its capacity to its heir before it
+/// SIGTERM on a real `sluice serve`: the node hands its capacity to its peers before it
 /// exits, so the survivors hold the whole limit at once — long before the node's lease
 /// (5 s here) would have let them take it — and the process exits cleanly.
 #[test]
-fn sigterm_hands_the_capacity_to_the_heir_before_exit() {
+fn sigterm_hands_the_capacity_to_the_peers_before_exit() {
     const LEASE: u64 = 5_000;
     let mut c = Cluster::with_lease(3, LEASE);
     let l = LIMIT as f64;
@@ -475,7 +483,15 @@ fn sigterm_hands_the_capacity_to_the_heir_before_exit() {
         .map(|(i, f)| (i, (1.5 * l * f * 3.0) as u64))
         .collect();
     c.load(&plan, 3.0);
-    let shares = |c: &Cluster| -> Option<f64> { Some(c.status(0)?.1 + c.status(1)?.1) };
+    // Two readings, one after the other, are not one instant: a gift from the node read first
+    // to the node read second, made between the readings, counts twice. So the survivors are
+    // read in both orders and the smaller sum is taken: to count a gift twice in both, gifts
+    // would have to go both ways within the same few milliseconds.
+    let shares = |c: &Cluster| -> Option<f64> {
+        let forth = c.status(0)?.1 + c.status(1)?.1;
+        let back = c.status(1)?.1 + c.status(0)?.1;
+        Some(forth.min(back))
+    };
     let before = shares(&c).unwrap();
     let leaving = c.status(2).unwrap().1;
     assert!(leaving >= 0.15, "node 2 holds {leaving} before it leaves");
@@ -499,7 +515,7 @@ fn sigterm_hands_the_capacity_to_the_heir_before_exit() {
         )
     });
     eprintln!("survivors held the whole limit {took:?} after SIGTERM (lease {LEASE} ms)");
-    // Half the lease: no expiry could explain it (the heir waits a whole lease and more).
+    // Half the lease: no expiry could explain it (a fence waits a whole lease and more).
     assert!(took < Duration::from_millis(LEASE / 2), "took {took:?}");
     let mut node = c.nodes[2].take().unwrap();
     let status = exit_status(&mut node.child, 10).unwrap_or_else(|| {
