@@ -10,7 +10,7 @@
 //! `Σ own ≤ Σ base` at every instant, whatever the network does (seed 003 §IV: "no local
 //! limiter gains or loses extra capacity"), and the capacity of the cluster is `Σ base`.
 //!
-//! # Leases and fences (a quorum, no heirs)
+//! # Leases and fences (a quorum)
 //!
 //! A node enforces its share only while it holds a *lease*: a quorum of the members (more
 //! than half; exactly half with the lowest id) echoed one of its messages within `lease` on

@@ -340,8 +340,7 @@ fn a_node_that_hears_its_namesakes_floor_starts_above_the_namesake() {
 /// A directory sent just before its sender fenced a crashed joiner reaches a voter just after
 /// that voter fenced it (seen on real processes: the two fall on the same cycle): the voter
 /// links with the dead joiner again (`Node::add_peer`). That link never hears anything, so
-/// it goes after two leases, and the joiner's floor is forgotten as any departed one's. (It
-/// used to stay for ever, and keep the floor with it.)
+/// it goes after two leases, and the joiner's floor is forgotten as any departed one's.
 #[test]
 fn a_link_to_a_fenced_joiner_made_again_by_a_late_directory_goes_and_its_floor_too() {
     let mut c = voters();

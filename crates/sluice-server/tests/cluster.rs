@@ -375,7 +375,7 @@ async fn unauthenticated_datagrams_are_rejected_and_counted() {
 /// A node that shuts down hands its shares to its peers: the survivor ends up holding the
 /// whole limit of a coordinated key (seed 003 §IV), without waiting for a lease to expire.
 /// (A key the static split served, never coordinated, is in the leaver's default share,
-/// which reaches the heir as a dead node's does.)
+/// which the capacity audit mints again, as a dead node's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_leave_hands_the_share_over() {
     let mut nodes = start(2).await;

@@ -880,15 +880,15 @@ fn strict_keys(_: &Net<'_>, samples: &[Sample]) -> bool {
 /// "Idle keys": level requests bring every node back to its static split, unbalanced links
 /// fold their net into the bases). Twelve tenants of one rule are busy at three nodes each
 /// (some keys over their limit, some under) on a complete graph of 5 with `idle_after` 1 s;
-/// node 1 crashes while they are busy, its heir inherits, node 1 restarts, then all traffic
+/// node 1 crashes while they are busy, the audit mints its share again, node 1 restarts, then all traffic
 /// stops. The limit holds for every key at every step; within a deadline every node holds
 /// no state for any key (neither its `sluice-coord` node, as `/v1/cluster` lists them, nor
 /// its engine's share table: `Ready::reclaimed`); and a reclaimed key that comes back
 /// starts from the static split and then moves exactly as a key never seen does, so
 /// nothing was lost or counted twice.
 ///
-/// The static split after the crash: the heir holds its own initial share and the dead
-/// incarnation's, the restarted node only its reservation (none here), the others `L/n`.
+/// The static split after the crash: the audit's root holds its own initial share and the
+/// dead incarnation's, the restarted node only its reservation (none here), the others `L/n`.
 #[test]
 fn keys_busy_at_a_crash_are_reclaimed_by_every_driver() {
     let n = 5;

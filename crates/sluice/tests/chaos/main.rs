@@ -84,9 +84,7 @@ pub(crate) fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
 }
 
 /// 3 nodes with state files. kill -9 node 0 and restart it; later kill -9 node 1. The
-/// cluster must come back to admitting its whole limit and stay there (it used to end with
-/// nodes 0 and 2 each other's heirs under the heir design, both leases expired for good: 0
-/// requests/s).
+/// cluster must come back to admitting its whole limit and stay there.
 #[test]
 fn restart_then_crash_recovers() {
     if long() {
@@ -660,8 +658,7 @@ fn skewed_n(c: &Cluster) -> Vec<(usize, std::net::SocketAddr, f64)> {
 /// Four nodes cut 2|2 for three leases, healed, and three seconds later node 1 crashes
 /// (every node in the long run). The side with node 0 is the quorum and holds the limit,
 /// the other its fallback (never above L in all); the cluster must be back at its whole limit
-/// within the bound after the crash. With heirs it stayed at 173/s (crash 1), 0.34 L (crash
-/// 0) or 0.11 L (crash 2) for good.
+/// within the bound after the crash.
 #[test]
 fn a_crash_after_a_healed_partition_recovers() {
     let targets: &[usize] = if long() { &[0, 1, 2, 3] } else { &[1] };
