@@ -8,6 +8,7 @@
 #   BASE_BIN=/path/to/older/sluice bash scripts/bench-daemon.sh   # A/B against another build
 #   WORKERS=2 SERVER_CPUS=0,1 LOAD_CPUS=0,1 bash scripts/bench-daemon.sh
 #   TESTS="h2load bench open keys" ROUNDS=2 bash scripts/bench-daemon.sh   # pick the tests
+#   TESTS="h2load floor" ROUNDS=3 bash scripts/bench-daemon.sh   # against the HTTP/2 floor
 #
 # For every server binary (this build, and BASE_BIN if given, alternating round by round so
 # that other work on the machine hits both alike), each against a fresh server:
@@ -21,7 +22,11 @@
 #   request encoded once), closed loop, the same load otherwise (only when TESTS has `keys`);
 # - h2load --h1 on `GET /v1/check/bench?k=hot` (HTTP/1.1, pipelined): calls/s and CPU per call;
 # - the server's write syscalls per call, from one more h2load run under `strace -c -f`
-#   (strace slows the server, so that run is not timed).
+#   (strace slows the server, so that run is not timed);
+# - h2load against the example `http2_floor` instead of `sluice serve` (only when TESTS has
+#   `floor`): the same engine and call, without an HTTP/2 library's machinery
+#   (crates/sluice-loadgen/examples/http2_floor.rs says what it leaves out). A floor for
+#   what the daemon's HTTP/2 costs, to read against the h2load line of the same round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +61,10 @@ command -v strace >/dev/null 2>&1 || echo "(strace missing: no syscall count)"
 echo "== building (release)"
 cargo build --release --locked -p sluice
 BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
+FLOOR="${CARGO_TARGET_DIR:-target}/release/examples/http2_floor"
+case " $TESTS " in
+  *" floor "*) cargo build --release --locked -p sluice-loadgen --example http2_floor ;;
+esac
 
 dir="$(mktemp -d)"
 server=""
@@ -177,6 +186,17 @@ one_server() { # label, binary, extra server flags...
         start_server "$bin" "$@"
         run "$label" "http-check" "$CALLS" taskset -c "$LOAD_CPUS" h2load --h1 -n "$CALLS" \
           -c "$CONNS" -m "$STREAMS" "$CHECK_URL"
+        stop_server ;;
+      floor)
+        # Only this build's round: the floor does not depend on the server binary.
+        [ "$label" = new ] || continue
+        taskset -c "$SERVER_CPUS" "$FLOOR" "127.0.0.1:$PORT" "$dir/limits.yaml" 2>"$dir/server.log" &
+        server=$!
+        for _ in $(seq 50); do
+          if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then break; fi
+          sleep 0.1
+        done
+        run floor h2load "$CALLS" "${H2LOAD_GRPC[@]}"
         stop_server ;;
       writes)
         command -v strace >/dev/null 2>&1 || continue
