@@ -93,6 +93,7 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
             ("busy_least_1s_during", least_during.to_string()),
             ("least_window", r.sent_in(at, SEC)),
             ("busy_least_1s_after", least_after.to_string()),
+            ("least_window_after", r.sent_in(at_after, SEC)),
             ("busy_max_1s", most_admitted.to_string()),
             ("udp_drops", drops.to_string()),
             (
@@ -130,11 +131,13 @@ fn heavy_flood(name: &str, secs: u64, keys_per_s: f64, cap: usize) {
     }
     assert!(
         least_during >= floor,
-        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood"
+        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood ({})",
+        r.sent_in(at, SEC)
     );
     assert!(
         least_after >= floor,
-        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood"
+        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood ({})",
+        r.sent_in(at_after, SEC)
     );
     // A fixed base plus at most 2 kB per key with state (engine entries included).
     let bound = 64 * 1024 * 1024 + 2048 * cap as u64;

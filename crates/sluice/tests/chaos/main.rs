@@ -622,7 +622,9 @@ fn key_flood(name: &str, secs: u64, per_node: f64) {
         &[
             ("flood_keys", keys.to_string()),
             ("busy_least_1s_during", least_during.to_string()),
+            ("least_window", r.sent_in(at, SEC)),
             ("busy_least_1s_after", least_after.to_string()),
+            ("least_window_after", r.sent_in(at_after, SEC)),
             ("busy_max_1s", most.to_string()),
             ("udp_drops", drops.to_string()),
             ("rss_kib", format!("{rss:?}")),
@@ -636,11 +638,13 @@ fn key_flood(name: &str, secs: u64, per_node: f64) {
     );
     assert!(
         least_during >= floor,
-        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood"
+        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood ({})",
+        r.sent_in(at, SEC)
     );
     assert!(
         least_after >= floor,
-        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood"
+        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood ({})",
+        r.sent_in(at_after, SEC)
     );
 }
 
