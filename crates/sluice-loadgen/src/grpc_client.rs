@@ -27,6 +27,7 @@ use prost::Message as _;
 use super::{LoadError, Outcome};
 
 mod conn;
+mod hpack;
 mod wire;
 
 use conn::{ConnError, Driver, Shared, State};

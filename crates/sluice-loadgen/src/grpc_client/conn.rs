@@ -16,6 +16,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
+use super::hpack;
 use super::wire::{self, Frame, WireError, code, setting};
 use crate::Outcome;
 
@@ -219,7 +220,7 @@ type Map<V> = HashMap<u32, V, foldhash::fast::RandomState>;
 /// The connection's protocol state; no I/O (frames in through [`State::on_bytes`], frames
 /// out appended to `out`), so that tests drive it directly.
 pub(super) struct State {
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: hpack::Decoder,
     /// The request's header block ([`wire::request_block`]).
     block: Vec<u8>,
     streams: Map<Stream>,
@@ -248,9 +249,8 @@ impl State {
     /// A connection's state, with the client's preface, SETTINGS and first WINDOW_UPDATE in
     /// `out`.
     pub(super) fn new(block: Vec<u8>) -> Self {
-        let mut decoder = loona_hpack::Decoder::new();
         // The client keeps SETTINGS_HEADER_TABLE_SIZE at its default.
-        decoder.set_max_allowed_table_size(4096);
+        let decoder = hpack::Decoder::new(4096);
         let mut out = Vec::with_capacity(64 << 10);
         out.extend_from_slice(wire::PREFACE);
         wire::put_settings(
@@ -510,13 +510,11 @@ impl State {
         let (mut status, mut grpc) = (None::<u16>, None);
         let mut message = Vec::new();
         self.decoder
-            .decode_with_cb(block, |name, value| match &*name {
+            .decode(block, |name, value| match name {
                 b":status" => {
-                    status = std::str::from_utf8(&value)
-                        .ok()
-                        .and_then(|s| s.parse().ok());
+                    status = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok());
                 }
-                b"grpc-status" if &*value == b"0" => grpc = Some(Grpc::Ok),
+                b"grpc-status" if value == b"0" => grpc = Some(Grpc::Ok),
                 b"grpc-status" => {
                     grpc = Some(Grpc::Err {
                         code: value.to_vec(),
