@@ -15,8 +15,10 @@ fn a_heavy_key_flood_is_capped_and_paced() {
         // 2,000 new heavy keys/s for 60 s (120,000 keys) against the default cap.
         heavy_flood("heavy-key-flood-long", 60, 2_000.0, 10_000);
     } else {
-        // 600 new heavy keys/s for 6 s (3,600 keys) against a cap of 1,500.
-        heavy_flood("heavy-key-flood", 6, 600.0, 1_500);
+        // 400 new heavy keys/s for 6 s (2,400 keys) against a cap of 1,500: as the key
+        // flood's short version, a load debug daemons and their clients keep up with on two
+        // cores (at 600/s the busy key's client fell behind and the key to 908 in a second).
+        heavy_flood("heavy-key-flood", 6, 400.0, 1_500);
     }
 }
 
