@@ -178,6 +178,17 @@ impl Cluster {
     }
 
     /// (incarnation, share of the key, default share) of a live node.
+    /// Nodes 0 and 1's shares added up. Two readings, one after the other, are not one
+    /// instant: a gift from the node read first to the node read second, made between the
+    /// readings, counts twice. So they are read in both orders and the smaller sum is taken:
+    /// to count a gift twice in both, gifts would have to go both ways within the same few
+    /// milliseconds.
+    fn share_of_0_and_1(&self) -> Option<f64> {
+        let forth = self.status(0)?.1 + self.status(1)?.1;
+        let back = self.status(1)?.1 + self.status(0)?.1;
+        Some(forth.min(back))
+    }
+
     fn status(&self, id: usize) -> Option<(u64, f64)> {
         let (code, body) = http(self.node(id).http, "GET", "/v1/cluster", "")?;
         if code != 200 {
@@ -296,15 +307,7 @@ fn three_processes_share_the_limit_survive_kill_and_rejoin() {
     // all of it within `lease·(1+ρ)² + 10` cycles (docs/PROTOCOL.md, "Liveness": the
     // survivors vote after `lease·(1+ρ)²`, a quorum of votes is a fence, and the audit's two
     // waves mint what the dead node held; each step waits for a cycle's messages at most).
-    // Two readings, one after the other, are not one instant: a gift from the node read first
-    // to the node read second, made between the readings, counts twice. So the survivors are
-    // read in both orders and the smaller sum is taken: to count a gift twice in both, gifts
-    // would have to go both ways within the same few milliseconds.
-    let shares = |c: &Cluster| -> Option<f64> {
-        let forth = c.status(0)?.1 + c.status(1)?.1;
-        let back = c.status(1)?.1 + c.status(0)?.1;
-        Some(forth.min(back))
-    };
+    let shares = |c: &Cluster| c.share_of_0_and_1();
     let before = shares(&c).unwrap();
     let dead_share = c.status(2).unwrap().1;
     assert!(
@@ -483,15 +486,7 @@ fn sigterm_hands_the_capacity_to_the_peers_before_exit() {
         .map(|(i, f)| (i, (1.5 * l * f * 3.0) as u64))
         .collect();
     c.load(&plan, 3.0);
-    // Two readings, one after the other, are not one instant: a gift from the node read first
-    // to the node read second, made between the readings, counts twice. So the survivors are
-    // read in both orders and the smaller sum is taken: to count a gift twice in both, gifts
-    // would have to go both ways within the same few milliseconds.
-    let shares = |c: &Cluster| -> Option<f64> {
-        let forth = c.status(0)?.1 + c.status(1)?.1;
-        let back = c.status(1)?.1 + c.status(0)?.1;
-        Some(forth.min(back))
-    };
+    let shares = |c: &Cluster| c.share_of_0_and_1();
     let before = shares(&c).unwrap();
     let leaving = c.status(2).unwrap().1;
     assert!(leaving >= 0.15, "node 2 holds {leaving} before it leaves");

@@ -83,6 +83,22 @@ pub(crate) fn assert_no_overshoot(name: &str, r: &Record, nodes: usize) -> u64 {
     most
 }
 
+/// The busy key's least 1 s `window` (admitted, start; from [`Record::min_window`]) is at
+/// least `floor`; the message says what was sent in it and where it was refused.
+pub(crate) fn assert_window_floor(
+    name: &str,
+    r: &Record,
+    (least, at): (u64, Duration),
+    floor: u64,
+    when: &str,
+) {
+    assert!(
+        least >= floor,
+        "{name}: the busy key fell to {least} in the 1 s from {at:?} {when} ({})",
+        r.sent_in(at, Duration::from_secs(1))
+    );
+}
+
 /// 3 nodes with state files. kill -9 node 0 and restart it; later kill -9 node 1. The
 /// cluster must come back to admitting its whole limit and stay there.
 #[test]
@@ -641,16 +657,8 @@ fn key_flood(name: &str, secs: u64, per_node: f64) {
         drops, 0,
         "{name}: the kernel dropped {drops} peer datagrams"
     );
-    assert!(
-        least_during >= floor,
-        "{name}: the busy key fell to {least_during} in the 1 s from {at:?} during the flood ({})",
-        r.sent_in(at, SEC)
-    );
-    assert!(
-        least_after >= floor,
-        "{name}: the busy key fell to {least_after} in the 1 s from {at_after:?} after the flood ({})",
-        r.sent_in(at_after, SEC)
-    );
+    assert_window_floor(name, &r, (least_during, at), floor, "during the flood");
+    assert_window_floor(name, &r, (least_after, at_after), floor, "after the flood");
 }
 
 /// Demand per node for `n` nodes: 1.6 L in all, node `i` asking twice what node `i + 1` does.
