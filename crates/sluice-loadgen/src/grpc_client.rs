@@ -10,7 +10,8 @@
 //! pre-encoded gRPC frame as DATA, and writes all of it in one `write`. Answers are read as
 //! tonic reads them: the `grpc-status` of the trailers (or of the headers of a
 //! trailers-only answer), then the protobuf `RateLimitResponse`. The frames themselves are
-//! [`wire`]'s.
+//! `sluice_http2`'s
+//! [`frame`](sluice_http2::frame)s and [`hpack`] decoder.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,8 +28,8 @@ use prost::Message as _;
 use super::{LoadError, Outcome};
 
 mod conn;
-mod hpack;
-mod wire;
+
+use sluice_http2::hpack;
 
 use conn::{ConnError, Driver, Shared, State};
 
@@ -68,7 +69,7 @@ impl GrpcTarget {
             return Err(bad("a port is needed (host:port)".to_owned()));
         }
         let authority = authority.as_str().to_owned();
-        let block = wire::request_block(&authority, PATH);
+        let block = request_block(&authority, PATH);
         Ok(Self { authority, block })
     }
 
@@ -252,10 +253,49 @@ pub(super) fn frame(request: &RateLimitRequest) -> Bytes {
     buf.freeze()
 }
 
+/// The header block of a gRPC POST to `path` at `authority` (RFC 7541): `:method POST` and
+/// `:scheme http` from the static table, the rest literals without indexing (names from the
+/// static table where it has them), so that the same block serves every stream.
+fn request_block(authority: &str, path: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + authority.len() + path.len());
+    b.push(0x80 | 3); // :method POST
+    b.push(0x80 | 6); // :scheme http
+    hpack::encode_literal(&mut b, 4, b"", path.as_bytes());
+    hpack::encode_literal(&mut b, 1, b"", authority.as_bytes());
+    hpack::encode_literal(&mut b, 31, b"", b"application/grpc");
+    hpack::encode_literal(&mut b, 0, b"te", b"trailers");
+    b
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_request_block_decodes_to_the_grpc_headers() {
+        let long = "h".repeat(300); // a length past the 7-bit prefix
+        for authority in ["127.0.0.1:8081", long.as_str()] {
+            let block = request_block(authority, "/a.B/C");
+            let headers = loona_hpack::Decoder::new().decode(&block).unwrap();
+            let pairs: Vec<(String, String)> = headers
+                .into_iter()
+                .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+                .collect();
+            let want = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/a.B/C"),
+                (":authority", authority),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ];
+            assert_eq!(pairs.len(), want.len());
+            for ((n, v), (wn, wv)) in pairs.iter().zip(want) {
+                assert_eq!((n.as_str(), v.as_str()), (wn, wv));
+            }
+        }
+    }
 
     #[test]
     fn addresses_are_checked() {
@@ -266,7 +306,7 @@ mod tests {
         assert!(GrpcTarget::parse("not an address").is_err());
         let t = GrpcTarget::parse("localhost:9").unwrap();
         assert_eq!(t.authority, "localhost:9");
-        assert_eq!(t.block, wire::request_block("localhost:9", PATH));
+        assert_eq!(t.block, request_block("localhost:9", PATH));
     }
 
     #[test]

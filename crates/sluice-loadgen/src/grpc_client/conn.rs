@@ -16,9 +16,9 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use super::hpack;
-use super::wire::{self, Frame, WireError, code, setting};
 use crate::Outcome;
+use sluice_http2::frame::{self as wire, Frame, WireError, code, setting};
+use sluice_http2::hpack;
 
 /// What the client advertises: the stream receive window (given back as answers arrive)
 /// and the connection's (given back once half of it is used).
@@ -679,7 +679,7 @@ impl State {
             self.next_id += 2;
             self.send_window -= i64::try_from(len).unwrap_or(0);
             let frame = self.peer_max_frame as usize;
-            wire::put_headers(&mut self.out, id, &self.block, frame);
+            wire::put_headers(&mut self.out, id, &self.block, frame, false);
             wire::put_data(&mut self.out, id, &slot.body, frame);
             slot.body = Bytes::new();
             slot.state = SlotState::Sent(id);

@@ -9,8 +9,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use prost::Message as _;
 
-use super::super::wire::{self, Frame, flag, kind};
 use super::*;
+use sluice_http2::frame::{self as wire, Frame, flag, kind};
 
 /// A server's side: its HPACK encoder and frame writers.
 struct Server {
@@ -72,7 +72,7 @@ fn message(code: PbCode) -> Vec<u8> {
 /// A connection past its handshake (the server's SETTINGS with `params` read), its
 /// handshake's frames taken off `out`.
 fn ready(params: &[(u16, u32)]) -> (State, Shared) {
-    let mut state = State::new(wire::request_block("h:1", "/p"));
+    let mut state = State::new(super::super::request_block("h:1", "/p"));
     assert!(state.out.starts_with(wire::PREFACE));
     let s = Server::settings(params);
     assert_eq!(state.on_bytes(&s), s.len());
@@ -117,7 +117,7 @@ fn outcome(shared: &mut Shared, idx: usize) -> Option<String> {
 
 #[test]
 fn the_handshake_is_answered_and_the_server_settings_kept() {
-    let mut state = State::new(wire::request_block("h:1", "/p"));
+    let mut state = State::new(super::super::request_block("h:1", "/p"));
     let frames = {
         let out = std::mem::take(&mut state.out);
         let mut at = wire::PREFACE.len();

@@ -1,62 +1,67 @@
-//! HTTP/2 frames (RFC 9113 §4 and §6) as `sluice bench`'s client reads and writes them:
-//! a parser of one frame at a time from the front of a buffer (`None` until the frame is
-//! whole, so bytes may arrive split anywhere), the frames the client sends, and the
-//! request's header block, HPACK-encoded once per connection (RFC 7541, literals without
-//! indexing: the server's decoder table never changes, so the block stays valid for every
-//! stream).
+//! HTTP/2 frames (RFC 9113 §4 and §6): a parser of one frame at a time from the front of a
+//! buffer (`None` until the frame is whole, so bytes may arrive split anywhere), and writers
+//! of every frame either side sends. The parser checks what a frame's own bytes can break
+//! (lengths, padding, the stream a type may be sent on); what depends on the connection's
+//! state is the caller's.
 
 /// What a client sends first (RFC 9113 §3.4).
-pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Every frame starts with 9 bytes: length (24 bits), type, flags, stream id (31 bits).
-pub(super) const HEADER_LEN: usize = 9;
+pub const HEADER_LEN: usize = 9;
 /// The frame size every peer accepts; the client advertises no other.
-pub(super) const DEFAULT_MAX_FRAME: u32 = 16_384;
+pub const DEFAULT_MAX_FRAME: u32 = 16_384;
 /// Largest stream id and window (2^31 - 1).
-pub(super) const MAX_31: u32 = (1 << 31) - 1;
+pub const MAX_31: u32 = (1 << 31) - 1;
 
 /// Frame types.
-pub(super) mod kind {
-    pub(crate) const DATA: u8 = 0x0;
-    pub(crate) const HEADERS: u8 = 0x1;
-    pub(crate) const PRIORITY: u8 = 0x2;
-    pub(crate) const RST_STREAM: u8 = 0x3;
-    pub(crate) const SETTINGS: u8 = 0x4;
-    pub(crate) const PUSH_PROMISE: u8 = 0x5;
-    pub(crate) const PING: u8 = 0x6;
-    pub(crate) const GOAWAY: u8 = 0x7;
-    pub(crate) const WINDOW_UPDATE: u8 = 0x8;
-    pub(crate) const CONTINUATION: u8 = 0x9;
+pub mod kind {
+    pub const DATA: u8 = 0x0;
+    pub const HEADERS: u8 = 0x1;
+    pub const PRIORITY: u8 = 0x2;
+    pub const RST_STREAM: u8 = 0x3;
+    pub const SETTINGS: u8 = 0x4;
+    pub const PUSH_PROMISE: u8 = 0x5;
+    pub const PING: u8 = 0x6;
+    pub const GOAWAY: u8 = 0x7;
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    pub const CONTINUATION: u8 = 0x9;
 }
 
 /// Frame flags.
-pub(super) mod flag {
-    pub(crate) const END_STREAM: u8 = 0x1;
-    pub(crate) const ACK: u8 = 0x1;
-    pub(crate) const END_HEADERS: u8 = 0x4;
-    pub(crate) const PADDED: u8 = 0x8;
-    pub(crate) const PRIORITY: u8 = 0x20;
+pub mod flag {
+    pub const END_STREAM: u8 = 0x1;
+    pub const ACK: u8 = 0x1;
+    pub const END_HEADERS: u8 = 0x4;
+    pub const PADDED: u8 = 0x8;
+    pub const PRIORITY: u8 = 0x20;
 }
 
 /// SETTINGS parameters.
-pub(super) mod setting {
-    pub(crate) const ENABLE_PUSH: u16 = 0x2;
-    pub(crate) const MAX_CONCURRENT_STREAMS: u16 = 0x3;
-    pub(crate) const INITIAL_WINDOW_SIZE: u16 = 0x4;
-    pub(crate) const MAX_FRAME_SIZE: u16 = 0x5;
+pub mod setting {
+    pub const HEADER_TABLE_SIZE: u16 = 0x1;
+    pub const ENABLE_PUSH: u16 = 0x2;
+    pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
+    pub const MAX_FRAME_SIZE: u16 = 0x5;
+    pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
 }
 
 /// Error codes (RFC 9113 §7).
-pub(super) mod code {
-    pub(crate) const NO_ERROR: u32 = 0x0;
-    pub(crate) const PROTOCOL_ERROR: u32 = 0x1;
-    pub(crate) const FLOW_CONTROL_ERROR: u32 = 0x3;
-    pub(crate) const FRAME_SIZE_ERROR: u32 = 0x6;
-    pub(crate) const CANCEL: u32 = 0x8;
-    pub(crate) const COMPRESSION_ERROR: u32 = 0x9;
+pub mod code {
+    pub const NO_ERROR: u32 = 0x0;
+    pub const PROTOCOL_ERROR: u32 = 0x1;
+    pub const FLOW_CONTROL_ERROR: u32 = 0x3;
+    pub const INTERNAL_ERROR: u32 = 0x2;
+    pub const STREAM_CLOSED: u32 = 0x5;
+    pub const FRAME_SIZE_ERROR: u32 = 0x6;
+    pub const REFUSED_STREAM: u32 = 0x7;
+    pub const CANCEL: u32 = 0x8;
+    pub const COMPRESSION_ERROR: u32 = 0x9;
+    pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 }
 
 /// An error code's name, or its number.
-pub(crate) fn code_name(code: u32) -> String {
+pub fn code_name(code: u32) -> String {
     const NAMES: [&str; 14] = [
         "NO_ERROR",
         "PROTOCOL_ERROR",
@@ -82,7 +87,7 @@ pub(crate) fn code_name(code: u32) -> String {
 /// A frame that breaks the protocol: the connection cannot go on (a connection error of
 /// RFC 9113 §5.4.1, with the code to send in GOAWAY).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum WireError {
+pub enum WireError {
     /// Longer than the client's SETTINGS_MAX_FRAME_SIZE.
     #[error("a frame of {len} bytes, above the {max} the client accepts")]
     FrameTooLarge {
@@ -117,7 +122,7 @@ pub(crate) enum WireError {
 
 impl WireError {
     /// The code to send in GOAWAY.
-    pub(crate) fn code(&self) -> u32 {
+    pub fn code(&self) -> u32 {
         match self {
             Self::FrameTooLarge { .. } | Self::BadLength { .. } => code::FRAME_SIZE_ERROR,
             Self::BadStream { .. } | Self::BadPadding { .. } => code::PROTOCOL_ERROR,
@@ -127,7 +132,7 @@ impl WireError {
 
 /// One frame, borrowed from the buffer it was read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Frame<'a> {
+pub enum Frame<'a> {
     /// DATA without its padding; `flow` is the length flow control counts (all of it).
     Data {
         stream: u32,
@@ -191,7 +196,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 /// Parses the frame at the front of `buf`: `Ok(None)` while it is incomplete, otherwise
 /// the frame and the bytes it took. `max_frame` is the client's SETTINGS_MAX_FRAME_SIZE.
-pub(crate) fn parse(buf: &[u8], max_frame: u32) -> Result<Option<(Frame<'_>, usize)>, WireError> {
+pub fn parse(buf: &[u8], max_frame: u32) -> Result<Option<(Frame<'_>, usize)>, WireError> {
     let Some(head) = buf.get(..HEADER_LEN) else {
         return Ok(None);
     };
@@ -339,14 +344,14 @@ fn unpad<'a>(payload: &'a [u8], flags: u8, kind: &'static str) -> Result<&'a [u8
 
 /// The parameters of a SETTINGS frame's payload (a multiple of 6 bytes: checked by
 /// [`parse`]).
-pub(crate) fn settings(params: &[u8]) -> impl Iterator<Item = (u16, u32)> + '_ {
+pub fn settings(params: &[u8]) -> impl Iterator<Item = (u16, u32)> + '_ {
     params
         .chunks_exact(6)
         .map(|p| (u16::from_be_bytes([p[0], p[1]]), u32_at(p, 2)))
 }
 
 /// Appends a frame header.
-pub(crate) fn head(out: &mut Vec<u8>, len: usize, ty: u8, flags: u8, stream: u32) {
+pub fn head(out: &mut Vec<u8>, len: usize, ty: u8, flags: u8, stream: u32) {
     // Callers keep `len` within the peer's frame size (below 2^24).
     let len = u32::try_from(len).unwrap_or(0).to_be_bytes();
     out.extend_from_slice(&[len[1], len[2], len[3], ty, flags]);
@@ -354,7 +359,7 @@ pub(crate) fn head(out: &mut Vec<u8>, len: usize, ty: u8, flags: u8, stream: u32
 }
 
 /// Appends a SETTINGS frame with `params`.
-pub(crate) fn put_settings(out: &mut Vec<u8>, params: &[(u16, u32)]) {
+pub fn put_settings(out: &mut Vec<u8>, params: &[(u16, u32)]) {
     head(out, params.len() * 6, kind::SETTINGS, 0, 0);
     for (id, value) in params {
         out.extend_from_slice(&id.to_be_bytes());
@@ -363,50 +368,60 @@ pub(crate) fn put_settings(out: &mut Vec<u8>, params: &[(u16, u32)]) {
 }
 
 /// Appends a SETTINGS ACK.
-pub(crate) fn put_settings_ack(out: &mut Vec<u8>) {
+pub fn put_settings_ack(out: &mut Vec<u8>) {
     head(out, 0, kind::SETTINGS, flag::ACK, 0);
 }
 
 /// Appends a PING ACK echoing `payload`.
-pub(crate) fn put_ping_ack(out: &mut Vec<u8>, payload: [u8; 8]) {
+pub fn put_ping_ack(out: &mut Vec<u8>, payload: [u8; 8]) {
     head(out, 8, kind::PING, flag::ACK, 0);
     out.extend_from_slice(&payload);
 }
 
 /// Appends a WINDOW_UPDATE.
-pub(crate) fn put_window_update(out: &mut Vec<u8>, stream: u32, increment: u32) {
+pub fn put_window_update(out: &mut Vec<u8>, stream: u32, increment: u32) {
     head(out, 4, kind::WINDOW_UPDATE, 0, stream);
     out.extend_from_slice(&(increment & MAX_31).to_be_bytes());
 }
 
 /// Appends a RST_STREAM.
-pub(crate) fn put_rst_stream(out: &mut Vec<u8>, stream: u32, code: u32) {
+pub fn put_rst_stream(out: &mut Vec<u8>, stream: u32, code: u32) {
     head(out, 4, kind::RST_STREAM, 0, stream);
     out.extend_from_slice(&code.to_be_bytes());
 }
 
 /// Appends a GOAWAY.
-pub(crate) fn put_goaway(out: &mut Vec<u8>, last_stream: u32, code: u32) {
+pub fn put_goaway(out: &mut Vec<u8>, last_stream: u32, code: u32) {
     head(out, 8, kind::GOAWAY, 0, 0);
     out.extend_from_slice(&(last_stream & MAX_31).to_be_bytes());
     out.extend_from_slice(&code.to_be_bytes());
 }
 
-/// Appends a header block as HEADERS (END_STREAM never: a request has a body) and, if it
-/// is longer than `max_frame`, CONTINUATION frames.
-pub(crate) fn put_headers(out: &mut Vec<u8>, stream: u32, block: &[u8], max_frame: usize) {
+/// Appends a header block as HEADERS (with END_STREAM if `end_stream`) and, if it is longer
+/// than `max_frame`, CONTINUATION frames.
+pub fn put_headers(
+    out: &mut Vec<u8>,
+    stream: u32,
+    block: &[u8],
+    max_frame: usize,
+    end_stream: bool,
+) {
+    let end = if end_stream { flag::END_STREAM } else { 0 };
     let max_frame = max_frame.max(1);
     let mut chunks = block.chunks(max_frame).peekable();
     let mut ty = kind::HEADERS;
     if chunks.peek().is_none() {
-        head(out, 0, ty, flag::END_HEADERS, stream);
+        head(out, 0, ty, flag::END_HEADERS | end, stream);
     }
     while let Some(chunk) = chunks.next() {
-        let flags = if chunks.peek().is_none() {
+        let mut flags = if chunks.peek().is_none() {
             flag::END_HEADERS
         } else {
             0
         };
+        if ty == kind::HEADERS {
+            flags |= end;
+        }
         head(out, chunk.len(), ty, flags, stream);
         out.extend_from_slice(chunk);
         ty = kind::CONTINUATION;
@@ -414,65 +429,33 @@ pub(crate) fn put_headers(out: &mut Vec<u8>, stream: u32, block: &[u8], max_fram
 }
 
 /// Appends `body` as DATA frames of at most `max_frame` bytes, the last with END_STREAM.
-pub(crate) fn put_data(out: &mut Vec<u8>, stream: u32, body: &[u8], max_frame: usize) {
+pub fn put_data(out: &mut Vec<u8>, stream: u32, body: &[u8], max_frame: usize) {
+    put_data_frames(out, stream, body, max_frame, true);
+}
+
+/// Appends `body` as DATA frames of at most `max_frame` bytes, the last with END_STREAM if
+/// `end_stream` (an empty body with it is one empty frame; without it, no frame).
+pub fn put_data_frames(
+    out: &mut Vec<u8>,
+    stream: u32,
+    body: &[u8],
+    max_frame: usize,
+    end_stream: bool,
+) {
     let max_frame = max_frame.max(1);
+    let end = if end_stream { flag::END_STREAM } else { 0 };
     if body.is_empty() {
-        head(out, 0, kind::DATA, flag::END_STREAM, stream);
+        if end_stream {
+            head(out, 0, kind::DATA, end, stream);
+        }
         return;
     }
     let mut chunks = body.chunks(max_frame).peekable();
     while let Some(chunk) = chunks.next() {
-        let flags = if chunks.peek().is_none() {
-            flag::END_STREAM
-        } else {
-            0
-        };
+        let flags = if chunks.peek().is_none() { end } else { 0 };
         head(out, chunk.len(), kind::DATA, flags, stream);
         out.extend_from_slice(chunk);
     }
-}
-
-/// An HPACK integer (RFC 7541 §5.1) with an `n`-bit prefix, the first byte's other bits
-/// set to `high`.
-fn hpack_int(out: &mut Vec<u8>, n: u32, high: u8, value: usize) {
-    let max = (1usize << n) - 1;
-    if value < max {
-        // Below 2^n, n ≤ 8.
-        out.push(high | u8::try_from(value).unwrap_or(0));
-        return;
-    }
-    out.push(high | u8::try_from(max).unwrap_or(0));
-    let mut rest = value - max;
-    while rest >= 128 {
-        out.push(0x80 | u8::try_from(rest & 0x7f).unwrap_or(0));
-        rest >>= 7;
-    }
-    out.push(u8::try_from(rest).unwrap_or(0));
-}
-
-/// An HPACK string literal, not Huffman-coded.
-fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
-    hpack_int(out, 7, 0, s.len());
-    out.extend_from_slice(s);
-}
-
-/// The header block of a gRPC POST to `path` at `authority` (RFC 7541): `:method POST` and
-/// `:scheme http` from the static table, the rest literals without indexing (names from the
-/// static table where it has them), so that the same block serves every stream.
-pub(crate) fn request_block(authority: &str, path: &str) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + authority.len() + path.len());
-    b.push(0x80 | 3); // :method POST
-    b.push(0x80 | 6); // :scheme http
-    hpack_int(&mut b, 4, 0, 4); // :path
-    hpack_str(&mut b, path.as_bytes());
-    hpack_int(&mut b, 4, 0, 1); // :authority
-    hpack_str(&mut b, authority.as_bytes());
-    hpack_int(&mut b, 4, 0, 31); // content-type
-    hpack_str(&mut b, b"application/grpc");
-    b.push(0); // a new name: te
-    hpack_str(&mut b, b"te");
-    hpack_str(&mut b, b"trailers");
-    b
 }
 
 #[cfg(test)]
@@ -634,7 +617,7 @@ mod tests {
     fn long_blocks_and_bodies_are_split() {
         let block = vec![0x88; 40];
         let mut out = Vec::new();
-        put_headers(&mut out, 1, &block, 16);
+        put_headers(&mut out, 1, &block, 16, false);
         put_data(&mut out, 1, &[7; 20], 16);
         let mut at = 0;
         let mut got = Vec::new();
@@ -648,31 +631,6 @@ mod tests {
         assert!(got[2].starts_with("Continuation { stream: 1, end_headers: true"));
         assert!(got[3].contains("end_stream: false"));
         assert!(got[4].contains("end_stream: true"));
-    }
-
-    #[test]
-    fn the_request_block_decodes_to_the_grpc_headers() {
-        let long = "h".repeat(300); // a length past the 7-bit prefix
-        for authority in ["127.0.0.1:8081", long.as_str()] {
-            let block = request_block(authority, "/a.B/C");
-            let headers = loona_hpack::Decoder::new().decode(&block).unwrap();
-            let pairs: Vec<(String, String)> = headers
-                .into_iter()
-                .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
-                .collect();
-            let want = [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", "/a.B/C"),
-                (":authority", authority),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ];
-            assert_eq!(pairs.len(), want.len());
-            for ((n, v), (wn, wv)) in pairs.iter().zip(want) {
-                assert_eq!((n.as_str(), v.as_str()), (wn, wv));
-            }
-        }
     }
 
     /// The frames a server may send, as bytes.

@@ -18,7 +18,7 @@ type Table = VecDeque<(Box<[u8]>, Box<[u8]>)>;
 /// Why a header block could not be decoded. Every one is a connection error
 /// (`COMPRESSION_ERROR`): the decoder's table may no longer match the peer's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HpackError {
+pub enum HpackError {
     #[error("the header block ends inside a field")]
     Truncated,
     #[error("an integer above 2^28")]
@@ -36,7 +36,7 @@ pub(crate) enum HpackError {
 /// A decoder: the dynamic table, which follows every block the peer sends on the
 /// connection, in order.
 #[derive(Debug)]
-pub(crate) struct Decoder {
+pub struct Decoder {
     table: Table,
     /// Σ (32 + name + value) over the table (RFC 7541 §4.1).
     size: usize,
@@ -45,21 +45,21 @@ pub(crate) struct Decoder {
     /// What the peer may set it to: our SETTINGS_HEADER_TABLE_SIZE.
     allowed: usize,
     /// Huffman-decoded names and values.
-    name: Vec<u8>,
-    value: Vec<u8>,
+    name: Memo,
+    value: Memo,
 }
 
 impl Decoder {
     /// A decoder for a connection on which we advertise SETTINGS_HEADER_TABLE_SIZE `allowed`
     /// (4,096 unless we send another).
-    pub(crate) fn new(allowed: usize) -> Self {
+    pub fn new(allowed: usize) -> Self {
         Self {
             table: VecDeque::new(),
             size: 0,
             max: allowed,
             allowed,
-            name: Vec::new(),
-            value: Vec::new(),
+            name: Memo::default(),
+            value: Memo::default(),
         }
     }
 
@@ -68,7 +68,7 @@ impl Decoder {
     ///
     /// # Errors
     /// [`HpackError`]: the block is malformed; the table must not be used again.
-    pub(crate) fn decode(
+    pub fn decode(
         &mut self,
         block: &[u8],
         mut field: impl FnMut(&[u8], &[u8]),
@@ -173,24 +173,38 @@ fn integer(block: &[u8], at: &mut usize, n: u8) -> Result<usize, HpackError> {
     }
 }
 
-/// A string literal (§5.2): borrowed from the block, or Huffman-decoded into `scratch`.
-fn string<'a>(
-    block: &'a [u8],
-    at: &mut usize,
-    scratch: &'a mut Vec<u8>,
-) -> Result<&'a [u8], HpackError> {
+/// The last Huffman-coded string decoded in one place (names or values), and its code.
+///
+/// Why: peers send some literals again and again without indexing them (nghttp2, and so
+/// h2load and Envoy, sends `:path` so on every request), and comparing the code with the
+/// last one costs a fraction of decoding it again.
+#[derive(Debug, Default)]
+struct Memo {
+    code: Vec<u8>,
+    decoded: Vec<u8>,
+}
+
+/// A string literal (§5.2): borrowed from the block, or Huffman-decoded into `memo` (unless
+/// it holds this code's string already).
+fn string<'a>(block: &'a [u8], at: &mut usize, memo: &'a mut Memo) -> Result<&'a [u8], HpackError> {
     let huffman = block.get(*at).ok_or(HpackError::Truncated)? & 0x80 != 0;
     let len = integer(block, at, 7)?;
     let end = at.checked_add(len).ok_or(HpackError::Truncated)?;
     let raw = block.get(*at..end).ok_or(HpackError::Truncated)?;
     *at = end;
-    if huffman {
-        scratch.clear();
-        huffman_decode(raw, scratch)?;
-        Ok(scratch)
-    } else {
-        Ok(raw)
+    if !huffman {
+        return Ok(raw);
     }
+    if memo.code != raw {
+        memo.code.clear();
+        memo.decoded.clear();
+        if let Err(e) = huffman_decode(raw, &mut memo.decoded) {
+            memo.decoded.clear();
+            return Err(e);
+        }
+        memo.code.extend_from_slice(raw);
+    }
+    Ok(&memo.decoded)
 }
 
 /// The end-of-string symbol's code: thirty 1 bits (RFC 7541 Appendix B). A decoder that
@@ -272,7 +286,7 @@ static STEPS: LazyLock<Vec<[Step; 16]>> = LazyLock::new(|| {
 /// # Errors
 /// [`HpackError::Huffman`]: the end-of-string symbol, or padding that is not the start of
 /// its code or longer than 7 bits.
-pub(crate) fn huffman_decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
+pub fn huffman_decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
     let steps = &*STEPS;
     let (mut state, mut end) = (0u8, true);
     for &b in src {
@@ -294,10 +308,8 @@ pub(crate) fn huffman_decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HpackE
     }
 }
 
-/// Huffman-codes `src` onto `out`, the last octet padded with 1 bits (§5.2). (The client
-/// sends no Huffman-coded literal; the tests check the decoder with it.)
-#[cfg(test)]
-pub(crate) fn huffman_encode(src: &[u8], out: &mut Vec<u8>) {
+/// Huffman-codes `src` onto `out`, the last octet padded with 1 bits (§5.2).
+pub fn huffman_encode(src: &[u8], out: &mut Vec<u8>) {
     let (mut bits, mut n) = (0u64, 0u32);
     for &b in src {
         let (code, len) = CODES[usize::from(b)];
@@ -429,6 +441,41 @@ const STATIC: [(&[u8], &[u8]); 61] = [
     (b"via", b""),
     (b"www-authenticate", b""),
 ];
+
+/// Appends an integer (§5.1) with an `n`-bit prefix (1 ≤ n ≤ 8), the first byte's other
+/// bits set to `high`.
+pub fn encode_int(out: &mut Vec<u8>, n: u32, high: u8, value: usize) {
+    let max = (1usize << n.clamp(1, 8)) - 1;
+    if value < max {
+        // Below 2^n, n ≤ 8.
+        out.push(high | u8::try_from(value).unwrap_or(0));
+        return;
+    }
+    out.push(high | u8::try_from(max).unwrap_or(0));
+    let mut rest = value - max;
+    while rest >= 128 {
+        out.push(0x80 | u8::try_from(rest & 0x7f).unwrap_or(0));
+        rest >>= 7;
+    }
+    out.push(u8::try_from(rest).unwrap_or(0));
+}
+
+/// Appends a string literal (§5.2), not Huffman-coded.
+pub fn encode_str(out: &mut Vec<u8>, s: &[u8]) {
+    encode_int(out, 7, 0, s.len());
+    out.extend_from_slice(s);
+}
+
+/// Appends a field as a literal without indexing (§6.2.2): the name by its static-table
+/// index when it has one (`name_index` > 0), else as a literal. A block of such fields
+/// leaves the peer's table as it was, so it can be encoded once and sent on every stream.
+pub fn encode_literal(out: &mut Vec<u8>, name_index: usize, name: &[u8], value: &[u8]) {
+    encode_int(out, 4, 0, name_index);
+    if name_index == 0 {
+        encode_str(out, name);
+    }
+    encode_str(out, value);
+}
 
 #[cfg(test)]
 #[path = "hpack_tests.rs"]

@@ -208,3 +208,36 @@ proptest! {
         }
     }
 }
+
+/// A Huffman-coded literal sent again (as nghttp2 sends `:path`) is taken from the memo of
+/// the last one: the same string, also after another string or a failed one in between.
+#[test]
+fn repeated_huffman_literals_decode_the_same() {
+    let literal = |s: &[u8]| {
+        let mut code = Vec::new();
+        huffman_encode(s, &mut code);
+        // Literal without indexing, name `:path` (static 4), a Huffman-coded value.
+        let mut block = vec![0x04];
+        super::encode_int(&mut block, 7, 0x80, code.len());
+        block.extend_from_slice(&code);
+        block
+    };
+    let (a, b) = (literal(b"/envoy.service/Should"), literal(b"/other"));
+    let mut d = Decoder::new(4096);
+    for block in [&a, &a, &b, &a, &b, &b] {
+        let want = if block == &a {
+            "/envoy.service/Should"
+        } else {
+            "/other"
+        };
+        assert_eq!(fields(&mut d, block).unwrap(), pairs(&[(":path", want)]));
+    }
+    // A code that fails (the end-of-string symbol) leaves no memo behind: the next
+    // block with the earlier code still decodes it.
+    let bad = [0x04, 0x84, 0xff, 0xff, 0xff, 0xff];
+    assert_eq!(fields(&mut d, &bad), Err(HpackError::Huffman));
+    assert_eq!(
+        fields(&mut d, &a).unwrap(),
+        pairs(&[(":path", "/envoy.service/Should")])
+    );
+}
