@@ -9,6 +9,7 @@
 #   WORKERS=2 SERVER_CPUS=0,1 LOAD_CPUS=0,1 bash scripts/bench-daemon.sh
 #   TESTS="h2load bench open keys" ROUNDS=2 bash scripts/bench-daemon.sh   # pick the tests
 #   TESTS="h2load floor" ROUNDS=3 bash scripts/bench-daemon.sh   # against the HTTP/2 floor
+#   STACKS="h2 own" bash scripts/bench-daemon.sh    # this build with each `--grpc-http2`
 #
 # For every server binary (this build, and BASE_BIN if given, alternating round by round so
 # that other work on the machine hits both alike), each against a fresh server:
@@ -43,6 +44,9 @@ LOAD_CPUS="${LOAD_CPUS:-1}"
 # given to BASE_BIN, which may predate the flag.
 WORKERS="${WORKERS:-}"
 BASE_BIN="${BASE_BIN:-}"
+# `--grpc-http2` values to run this build with, each its own line per round (labelled by
+# it); empty: the binary's default, labelled `new`.
+STACKS="${STACKS:-}"
 TESTS="${TESTS:-h2load bench open http writes}"
 
 need() { # command, Debian package
@@ -189,7 +193,7 @@ one_server() { # label, binary, extra server flags...
         stop_server ;;
       floor)
         # Only this build's round: the floor does not depend on the server binary.
-        [ "$label" = new ] || continue
+        [ "$label" = new ] || [ "$label" = "${STACKS%% *}" ] || continue
         taskset -c "$SERVER_CPUS" "$FLOOR" "127.0.0.1:$PORT" "$dir/limits.yaml" 2>"$dir/server.log" &
         server=$!
         for _ in $(seq 50); do
@@ -218,6 +222,12 @@ echo "== server on CPU $SERVER_CPUS, generators on CPU $LOAD_CPUS; $CALLS calls 
   "$CONNS connections x $STREAMS streams; open loop $RATE calls/s for ${OPEN_SECS}s"
 for round in $(seq "$ROUNDS"); do
   echo "== round $round"
-  one_server new "$BIN" ${WORKERS:+--workers "$WORKERS"}
+  if [ -n "$STACKS" ]; then
+    for stack in $STACKS; do
+      one_server "$stack" "$BIN" ${WORKERS:+--workers "$WORKERS"} --grpc-http2 "$stack"
+    done
+  else
+    one_server new "$BIN" ${WORKERS:+--workers "$WORKERS"}
+  fi
   if [ -n "$BASE_BIN" ]; then one_server base "$BASE_BIN"; fi
 done

@@ -9,6 +9,7 @@
 #   CONCS="1 16 256" DELAYS="direct 0 100us 250us 500us" DUR=10s bash scripts/bench-redis-distance.sh
 #   OPEN_RATE=2000 OPEN_SECS=10 ROUNDS=2 bash scripts/bench-redis-distance.sh
 #   BIN=path/to/other/sluice bash scripts/bench-redis-distance.sh   # another build
+#   SERVE_ARGS="--grpc-http2 h2" bash scripts/bench-redis-distance.sh  # flags for both daemons
 #
 # Per delay ("direct": no proxy; "0": through the proxy without delay): per client
 # concurrency in CONCS, `sluice bench --grpc LOCAL --vs-grpc REDIS` closed loop for DUR each
@@ -31,6 +32,7 @@ KEYS="${KEYS:-1000}"
 OPEN_RATE="${OPEN_RATE:-2000}"
 OPEN_SECS="${OPEN_SECS:-10}"
 ROUNDS="${ROUNDS:-1}"
+SERVE_ARGS="${SERVE_ARGS:-}"
 SERVER_CPUS="${SERVER_CPUS:-0}"
 LOAD_CPUS="${LOAD_CPUS:-1}"
 
@@ -92,7 +94,7 @@ taskset -c "$LOAD_CPUS" redis-server --port "$REDIS_PORT" --save '' --appendonly
   >"$dir/redis.log" 2>&1 &
 redis=$!; pids+=("$redis")
 taskset -c "$SERVER_CPUS" "$BIN" serve --config "$dir/local" --grpc-addr "127.0.0.1:$LOCAL_GRPC" \
-  --http-addr "127.0.0.1:$LOCAL_HTTP" --watch off >"$dir/local.log" 2>&1 &
+  --http-addr "127.0.0.1:$LOCAL_HTTP" --watch off $SERVE_ARGS >"$dir/local.log" 2>&1 &
 local_node=$!; pids+=("$local_node")
 wait_ready "$local_node" "$LOCAL_HTTP" "$dir/local.log"
 
@@ -135,7 +137,7 @@ for round in $(seq "$ROUNDS"); do
     rtt="$(ping_rtt "$([ -n "$proxy" ] && echo "$PROXY_PORT" || echo "$REDIS_PORT")")"
     taskset -c "$SERVER_CPUS" "$BIN" serve --config "$dir/redis" --grpc-addr "127.0.0.1:$REDIS_GRPC" \
       --http-addr "127.0.0.1:$REDIS_HTTP" --watch off --redis-url "$redis_url" --redis-mode exact \
-      --redis-timeout 5s >"$dir/redis-node.log" 2>&1 &
+      --redis-timeout 5s $SERVE_ARGS >"$dir/redis-node.log" 2>&1 &
     redis_node=$!
     wait_ready "$redis_node" "$REDIS_HTTP" "$dir/redis-node.log"
     # Closed loop at each concurrency, then one open loop (at most the last of CONCS in flight).

@@ -88,6 +88,8 @@ pub struct Extras {
     /// ([`crate::grpc::run_on_workers`]: answers batched into fewer writes); `None`: on the
     /// caller's runtime, as the other servers.
     pub grpc_workers: Option<std::num::NonZeroUsize>,
+    /// Whose HTTP/2 the gRPC worker threads speak ([`crate::grpc::GrpcOptions::http2`]).
+    pub grpc_http2: crate::grpc::Http2Stack,
 }
 
 /// Sluice's opt-in differences from envoyproxy/ratelimit's answers; the default is
@@ -262,6 +264,7 @@ impl Daemon {
             quota_mode: extras.quota_mode,
             response_dynamic_metadata: extras.response_dynamic_metadata,
             response_headers: extras.response_headers.clone(),
+            http2: extras.grpc_http2,
         };
         let state = crate::http::HttpState::new(engine.clone(), info)
             .with_leases(leases)

@@ -41,6 +41,8 @@ mod workers;
 pub use workers::run_on_workers;
 // One connection on h2 directly: plain `ShouldRateLimit` calls answered in its task.
 mod connection;
+// The same on Sluice's own HTTP/2 (`Http2Stack::Own`).
+mod own_http2;
 // A plain call's request and answer on the wire, without prost's message types.
 mod wire;
 
@@ -82,6 +84,20 @@ pub struct GrpcOptions {
     /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`: responses carry
     /// [`dynamic_metadata`]; off by default, as upstream's.
     pub response_dynamic_metadata: bool,
+    /// Whose HTTP/2 the worker threads' connections speak ([`run_on_workers`]); the
+    /// answers are the same.
+    pub http2: Http2Stack,
+}
+
+/// The HTTP/2 under [`run_on_workers`]' gRPC connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Http2Stack {
+    /// The `h2` crate (tonic's), with plain calls answered in the connection's task.
+    H2,
+    /// Sluice's own ([`sluice_http2::server::Connection`]): the same answers for about
+    /// half the CPU per call (docs/BENCHMARKS.md).
+    #[default]
+    Own,
 }
 
 /// The names of the rate limit headers sent to Envoy (envoyproxy/ratelimit's

@@ -1,5 +1,6 @@
 //! The worker threads' gRPC connections (`grpc::run_on_workers`, as `sluice serve` runs:
-//! plain `ShouldRateLimit` calls answered on h2 directly) answer byte for byte as tonic's
+//! plain `ShouldRateLimit` calls answered on h2 directly, or on Sluice's own HTTP/2 with
+//! `Http2Stack::Own`) answer byte for byte as tonic's
 //! server (`grpc::run_with_clock`): the same calls, sent as raw HTTP/2 streams to both,
 //! get the same status, headers (but hyper's `date`), message bytes and trailers — plain
 //! calls, over-limit answers, errors, and every case the direct path hands to tonic.
@@ -15,7 +16,7 @@ use std::time::Duration;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use sluice_limits::ManualClock;
-use sluice_server::grpc::{GrpcOptions, ResponseHeaders};
+use sluice_server::grpc::{GrpcOptions, Http2Stack, ResponseHeaders};
 use sluice_server::{Config, Engine};
 use tokio::sync::oneshot;
 
@@ -28,10 +29,6 @@ struct Server {
     addr: std::net::SocketAddr,
     stop: oneshot::Sender<()>,
     done: tokio::task::JoinHandle<Result<(), sluice_server::grpc::ServeError>>,
-}
-
-async fn start(yaml: &str, workers: bool) -> Server {
-    start_with(yaml, workers, GrpcOptions::default()).await
 }
 
 async fn start_with(yaml: &str, workers: bool, options: GrpcOptions) -> Server {
@@ -269,16 +266,34 @@ async fn same_answers(options: GrpcOptions) {
     tokio::time::timeout(BOUND, async {
         let yaml = support::EXAMPLES[2].yaml;
         let tonic = start_with(yaml, false, options.clone()).await;
-        let direct = start_with(yaml, true, options).await;
+        let h2 = GrpcOptions {
+            http2: Http2Stack::H2,
+            ..options.clone()
+        };
+        let direct = start_with(yaml, true, h2).await;
+        let own = start_with(
+            yaml,
+            true,
+            GrpcOptions {
+                http2: Http2Stack::Own,
+                ..options
+            },
+        )
+        .await;
         for (what, call) in calls() {
             let a = exchange(tonic.addr, call.clone()).await;
-            let b = exchange(direct.addr, call).await;
+            let b = exchange(direct.addr, call.clone()).await;
             assert_eq!(
                 b, a,
-                "{what}: the worker connection answered otherwise than tonic"
+                "{what}: the worker connection (h2) answered otherwise than tonic"
+            );
+            let c = exchange(own.addr, call).await;
+            assert_eq!(
+                c, a,
+                "{what}: the worker connection (own HTTP/2) answered otherwise than tonic"
             );
         }
-        for s in [tonic, direct] {
+        for s in [tonic, direct, own] {
             s.stop.send(()).unwrap();
             s.done.await.unwrap().unwrap();
         }
@@ -291,8 +306,18 @@ async fn same_answers(options: GrpcOptions) {
 /// and the limit holds (10 per second per address, at one instant of the manual clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_calls_are_each_answered_once_within_the_limit() {
+    for http2 in [Http2Stack::H2, Http2Stack::Own] {
+        pipelined_calls(http2).await;
+    }
+}
+
+async fn pipelined_calls(http2: Http2Stack) {
     tokio::time::timeout(BOUND, async {
-        let s = start(support::EXAMPLES[2].yaml, true).await;
+        let options = GrpcOptions {
+            http2,
+            ..GrpcOptions::default()
+        };
+        let s = start_with(support::EXAMPLES[2].yaml, true, options).await;
         let plain = framed(0, &rate_limit_request("edge_proxy_per_ip", "50.0.0.9"));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..2 {
@@ -334,6 +359,69 @@ async fn pipelined_calls_are_each_answered_once_within_the_limit() {
             }
         }
         assert_eq!((ok, over), (10, 190));
+        s.stop.send(()).unwrap();
+        s.done.await.unwrap().unwrap();
+    })
+    .await
+    .expect("within the bound");
+}
+
+/// A peer that sends calls and never reads their answers (on Sluice's own HTTP/2): once
+/// what it leaves unread passes the connection's bound, the server reads no more of its
+/// calls — its writes stall after a bounded amount, not after all it would send — and
+/// another connection on the same worker thread is still answered. (The answers' DATA soon
+/// waits for the window the peer never grants, its streams stay open, and further calls are
+/// refused: RST_STREAM frames are then what piles up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_reads_is_bounded_and_others_are_served() {
+    use sluice_http2::frame;
+    use tokio::io::AsyncWriteExt as _;
+
+    tokio::time::timeout(BOUND, async {
+        let options = GrpcOptions {
+            http2: Http2Stack::Own,
+            ..GrpcOptions::default()
+        };
+        let s = start_with(support::EXAMPLES[2].yaml, true, options).await;
+        let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+        sluice_http2::hpack::encode_literal(&mut block, 4, b"", PATH.as_bytes());
+        sluice_http2::hpack::encode_literal(&mut block, 31, b"", b"application/grpc");
+        let message = framed(0, &rate_limit_request("edge_proxy_per_ip", "50.0.0.7"));
+        // Calls of 1,000 streams at a time, written until a write stalls for a second.
+        let mut hog = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let mut preface = sluice_http2::server::PREFACE.to_vec();
+        frame::put_settings(&mut preface, &[]);
+        hog.write_all(&preface).await.unwrap();
+        let (mut sent, mut next_id, mut stalled) = (0usize, 1u32, false);
+        const MAX_SENT: usize = 256 << 20;
+        while sent < MAX_SENT {
+            let mut batch = Vec::with_capacity(1000 * 128);
+            for _ in 0..1000 {
+                frame::put_headers(&mut batch, next_id, &block, 16_384, false);
+                frame::put_data(&mut batch, next_id, &message, 16_384);
+                next_id += 2;
+            }
+            match tokio::time::timeout(Duration::from_secs(1), hog.write_all(&batch)).await {
+                Ok(written) => written.unwrap(),
+                Err(_) => {
+                    stalled = true;
+                    break;
+                }
+            }
+            sent += batch.len();
+        }
+        assert!(
+            stalled,
+            "the server took {sent} bytes of calls whose answers were never read"
+        );
+        // The same worker still answers another connection.
+        let answer = exchange(s.addr, Call::of(message.clone())).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(
+            answer.trailers,
+            vec![("grpc-status".to_owned(), b"0".to_vec())]
+        );
+        drop(hog);
         s.stop.send(()).unwrap();
         s.done.await.unwrap().unwrap();
     })

@@ -21,7 +21,10 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 
-use super::{GrpcOptions, RateLimitGrpc, RateLimitServiceServer, ServeError, connection, sweep};
+use super::{
+    GrpcOptions, Http2Stack, RateLimitGrpc, RateLimitServiceServer, ServeError, connection,
+    own_http2, sweep,
+};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use sluice_limits::Clock;
@@ -147,12 +150,15 @@ async fn serve_worker<C: Clock + 'static>(
                 let stop = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
-                connections.spawn(connection::serve(
-                    io,
-                    Arc::clone(&service),
-                    routes.clone(),
-                    stop,
-                ));
+                let service = Arc::clone(&service);
+                match service.options.http2 {
+                    Http2Stack::H2 => {
+                        connections.spawn(connection::serve(io, service, routes.clone(), stop));
+                    }
+                    Http2Stack::Own => {
+                        connections.spawn(own_http2::serve(io, service, routes.clone(), stop));
+                    }
+                }
             }
         }
     }

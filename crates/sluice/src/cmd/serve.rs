@@ -166,6 +166,10 @@ pub(crate) struct Args {
     /// handed to them in turn [default: the cores this process may use].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..1025))]
     workers: Option<u64>,
+    /// Whose HTTP/2 the gRPC connections speak: `own` (Sluice's) or `h2` (tonic's, as
+    /// before): the same answers, `own` for about half the CPU per call (docs/BENCHMARKS.md).
+    #[arg(long, value_enum, value_name = "STACK", default_value = "own")]
+    grpc_http2: GrpcHttp2,
     /// Log lines as `text` or `json` (default: envoyproxy/ratelimit's LOG_FORMAT, else
     /// text). RUST_LOG filters them (else LOG_LEVEL, else info).
     #[arg(long, value_enum)]
@@ -173,6 +177,13 @@ pub(crate) struct Args {
     /// `coordination: token-server` (boxed: the flags are many, the command enum stays small).
     #[command(flatten)]
     token: Box<super::token::TokenArgs>,
+}
+
+/// `--grpc-http2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum GrpcHttp2 {
+    H2,
+    Own,
 }
 
 pub(super) fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -280,6 +291,10 @@ fn daemon_spec(args: &Args) -> anyhow::Result<(DaemonSpec, Extras)> {
         response_headers: None,
         max_keys: (args.max_keys > 0).then_some(args.max_keys),
         grpc_workers: Some(grpc_workers(args.workers)),
+        grpc_http2: match args.grpc_http2 {
+            GrpcHttp2::H2 => sluice_server::grpc::Http2Stack::H2,
+            GrpcHttp2::Own => sluice_server::grpc::Http2Stack::Own,
+        },
     };
     Ok((spec, extras))
 }
