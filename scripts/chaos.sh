@@ -9,6 +9,7 @@
 #
 #   bash scripts/chaos.sh          # the long version: 1,000,000-key flood (about 12 minutes)
 #   bash scripts/chaos.sh --short  # the version the test command runs (about two minutes)
+#   CHAOS_SERVE_ARGS="--grpc-http2 h2" bash scripts/chaos.sh   # extra flags for every daemon
 #
 # Loopback only; every scenario is bounded in time and stops its processes itself.
 set -euo pipefail

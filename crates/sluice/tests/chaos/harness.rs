@@ -335,6 +335,12 @@ impl Cluster {
             .args(["--lease", &format!("{LEASE_MS}ms")])
             .args(["--fallback", "none", "--watch", "off"])
             .args(&self.args[id])
+            // Extra flags for every daemon, e.g. `--grpc-http2 h2` to compare stacks.
+            .args(
+                std::env::var("CHAOS_SERVE_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env("SLUICE_PEER_KEY", "chaos-test-key-0123456789abcdef")
             .stdout(Stdio::null())
             .stderr(log);
