@@ -131,8 +131,10 @@ struct Pending {
 #[derive(Debug)]
 enum Call {
     Reading(Box<Pending>),
-    /// With tonic; dropping the sender ends its answer's body early (the stream was reset).
-    Tonic(#[allow(dead_code)] oneshot::Sender<()>),
+    /// With tonic; dropping `_cancel` ends its answer early (the stream was reset).
+    Tonic {
+        _cancel: oneshot::Sender<()>,
+    },
 }
 
 /// tonic's answer to a stream's call (`None`: the stream was reset meanwhile).
@@ -320,7 +322,7 @@ impl<C: Clock + 'static> Shell<C> {
                             self.conn.reset_stream(stream, code::PROTOCOL_ERROR);
                         }
                     },
-                    Some(tonic @ Call::Tonic(_)) => {
+                    Some(tonic @ Call::Tonic { .. }) => {
                         self.calls.insert(stream, tonic);
                     }
                     None => {}
@@ -440,7 +442,7 @@ impl<C: Clock + 'static> Shell<C> {
         };
         let request = http::Request::from_parts(head, tonic::body::Body::new(body));
         let (cancel, cancelled) = oneshot::channel();
-        self.calls.insert(stream, Call::Tonic(cancel));
+        self.calls.insert(stream, Call::Tonic { _cancel: cancel });
         let routes = self.routes.clone();
         self.tonic.push(Box::pin(async move {
             let mut cancelled = cancelled;

@@ -1,6 +1,7 @@
 //! The gRPC service on worker threads, each with its own single-threaded tokio runtime; one
 //! acceptor hands them the connections round robin, and each connection is served by
-//! [`connection::serve`] (h2 directly; tonic's routes for all but plain calls).
+//! [`own_http2::serve`] (Sluice's own HTTP/2) or, with [`Http2Stack::H2`],
+//! [`connection::serve`] (h2 directly); tonic's routes answer all but plain calls.
 //!
 //! Why not the multi-threaded runtime: an answered stream wakes its connection's task, and
 //! the multi-threaded scheduler runs a task woken by the running one next (its "LIFO
