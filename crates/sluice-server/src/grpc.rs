@@ -301,6 +301,20 @@ impl<C: Clock> RateLimitGrpc<C> {
         ))
     }
 
+    /// [`RateLimitGrpc::decide_local_framed`] for the protobuf `RateLimitRequest` in
+    /// `message` (read by [`wire::plain_request`] when it has Envoy's usual shape, else by
+    /// prost); `None` when it does not decode: tonic answers that.
+    pub(crate) fn decide_message_framed(
+        &self,
+        message: &[u8],
+    ) -> Option<Result<Vec<u8>, tonic::Status>> {
+        if let Some(request) = wire::plain_request(message) {
+            return Some(self.decide_local_framed(&request));
+        }
+        let proto = <rls::RateLimitRequest as prost::Message>::decode(message).ok()?;
+        Some(self.decide_proto_framed(proto))
+    }
+
     /// [`RateLimitGrpc::decide_local_framed`] for a protobuf request.
     pub(crate) fn decide_proto_framed(
         &self,

@@ -24,20 +24,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::BodyExt as _;
-use prost::Message as _;
 use sluice_limits::Clock;
 use tokio::net::TcpStream;
 use tonic::service::Routes;
 use tower::ServiceExt as _;
 
-use super::{RateLimitGrpc, wire};
-use crate::engine::Request;
+use super::RateLimitGrpc;
 
 /// The method answered here.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -148,7 +145,7 @@ fn answer_at_once<C: Clock + 'static>(
                 // Taken in at once: the window goes back to the client.
                 let _ = body.flow_control().release_capacity(chunk.len());
                 if body.is_end_stream() {
-                    let Some(request) = decode_plain(&chunk, &body) else {
+                    let Some(answer) = decide_plain(service, &chunk, &body) else {
                         return Some(call(
                             service,
                             routes,
@@ -158,7 +155,7 @@ fn answer_at_once<C: Clock + 'static>(
                             Start::Tonic(chunk),
                         ));
                     };
-                    send_answer(respond, decide(service, request));
+                    send_answer(respond, answer);
                     return None;
                 }
                 Start::Read(chunk)
@@ -204,39 +201,21 @@ fn call<C: Clock + 'static>(
         let Ok(message) = read_message(&mut body, read).await else {
             return;
         };
-        match decode_plain(&message, &body) {
-            Some(request) => send_answer(respond, decide(&service, request)),
+        match decide_plain(&service, &message, &body) {
+            Some(answer) => send_answer(respond, answer),
             None => by_tonic(routes, head, Replay::new(message, body), respond).await,
         }
     }
 }
 
-/// A plain call's request: read by [`wire::plain_request`] when it has the usual shape,
-/// else decoded by prost.
-enum Plain {
-    Request(Request),
-    Proto(rls::RateLimitRequest),
-}
-
-/// The request of `message` when it is one plain gRPC message ([`plain_message`]) that
-/// decodes; `None`: tonic answers it.
-fn decode_plain(message: &Bytes, body: &RecvStream) -> Option<Plain> {
-    let m = plain_message(message, body)?;
-    if let Some(r) = wire::plain_request(&m) {
-        return Some(Plain::Request(r));
-    }
-    rls::RateLimitRequest::decode(m).ok().map(Plain::Proto)
-}
-
-/// The framed answer to a plain call's request.
-fn decide<C: Clock + 'static>(
+/// The framed answer to `message` when it is one plain gRPC message ([`plain_message`])
+/// that decodes; `None`: tonic answers it.
+fn decide_plain<C: Clock + 'static>(
     service: &RateLimitGrpc<Arc<C>>,
-    request: Plain,
-) -> Result<Vec<u8>, tonic::Status> {
-    match request {
-        Plain::Request(r) => service.decide_local_framed(&r),
-        Plain::Proto(p) => service.decide_proto_framed(p),
-    }
+    message: &Bytes,
+    body: &RecvStream,
+) -> Option<Result<Vec<u8>, tonic::Status>> {
+    service.decide_message_framed(&plain_message(message, body)?)
 }
 
 /// Whether the request says its messages are compressed: tonic decides what that means.

@@ -22,11 +22,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3 as rls;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::BodyExt as _;
-use prost::Message as _;
 use sluice_http2::frame::code;
 use sluice_http2::hpack;
 use sluice_http2::server::{Connection, Event, OwnedRequestHead, RequestHead, Settings};
@@ -36,8 +34,7 @@ use tokio::sync::oneshot;
 use tonic::service::Routes;
 use tower::ServiceExt as _;
 
-use super::{RateLimitGrpc, wire};
-use crate::engine::Request;
+use super::RateLimitGrpc;
 
 /// The method answered here.
 const SHOULD_RATE_LIMIT: &[u8] = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -351,8 +348,7 @@ impl<C: Clock + 'static> Shell<C> {
                     data,
                     end_stream: true,
                 })) if s == stream => {
-                    if let Some(request) = decode_plain(&data) {
-                        let answer = decide(&self.service, request);
+                    if let Some(answer) = decide_plain(&self.service, &data) {
                         self.answer(stream, answer);
                         return;
                     }
@@ -410,10 +406,9 @@ impl<C: Clock + 'static> Shell<C> {
         };
         if end_stream
             && p.plain
-            && let Some(request) = decode_plain(&p.body)
+            && let Some(answer) = decide_plain(&self.service, &p.body)
         {
             self.release(&p);
-            let answer = decide(&self.service, request);
             self.answer(stream, answer);
             return;
         }
@@ -544,41 +539,20 @@ fn next_frame(
     })
 }
 
-/// The request of `message` when it is one plain gRPC message that decodes: read by
-/// [`wire::plain_request`] when it has the usual shape, else by prost; `None`: tonic
-/// answers it.
-fn decode_plain(message: &[u8]) -> Option<Plain> {
-    if message.len() < 5 || message[0] != 0 {
-        return None;
-    }
-    let len = usize::try_from(u32::from_be_bytes([
-        message[1], message[2], message[3], message[4],
-    ]))
-    .ok()?;
-    if len > MAX_MESSAGE || message.len() != 5 + len {
-        return None;
-    }
-    let m = &message[5..];
-    if let Some(r) = wire::plain_request(m) {
-        return Some(Plain::Request(r));
-    }
-    rls::RateLimitRequest::decode(m).ok().map(Plain::Proto)
-}
-
-enum Plain {
-    Request(Request),
-    Proto(rls::RateLimitRequest),
-}
-
-/// The framed answer to a plain call's request.
-fn decide<C: Clock + 'static>(
+/// The framed answer to `message` when it is one uncompressed gRPC message within
+/// [`MAX_MESSAGE`] that decodes; `None`: tonic answers it.
+fn decide_plain<C: Clock + 'static>(
     service: &RateLimitGrpc<Arc<C>>,
-    request: Plain,
-) -> Result<Vec<u8>, tonic::Status> {
-    match request {
-        Plain::Request(r) => service.decide_local_framed(&r),
-        Plain::Proto(p) => service.decide_proto_framed(p),
+    message: &[u8],
+) -> Option<Result<Vec<u8>, tonic::Status>> {
+    let (&[0, a, b, c, d], m) = message.split_first_chunk::<5>()? else {
+        return None;
+    };
+    let len = usize::try_from(u32::from_be_bytes([a, b, c, d])).ok()?;
+    if len > MAX_MESSAGE || m.len() != len {
+        return None;
     }
+    service.decide_message_framed(m)
 }
 
 /// The request's head as tonic's routes take it; `None` if a field is not a valid HTTP
